@@ -1,0 +1,35 @@
+# fairseq-residual: the two commands are `make test` and `make demo`.
+# Both create the virtual environment in .venv when it is missing.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: venv test test-fast demo demo-long clean-venv
+
+venv: $(STAMP)
+
+# fairseq 0.12.2 does not import on Python 3.11; fairseq-fixed is its source release with the fix.
+# It must be built without build isolation against the CPU torch installed first, otherwise pip
+# pulls a multi-GB CUDA torch into the build environment (see README, "Install").
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0 cython numpy setuptools wheel
+	$(PY) -c "import fairseq" 2>/dev/null || $(PIP) install --no-build-isolation fairseq-fixed==0.12.3.1
+	$(PIP) install -q --no-build-isolation -e ".[test]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q tests $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	PATH=$(abspath $(VENV))/bin:$$PATH bash scripts/run_demo.sh $(DEMO_ARGS)
+
+demo-long: $(STAMP)
+	PATH=$(abspath $(VENV))/bin:$$PATH bash scripts/run_demo.sh --long $(DEMO_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,50 @@
+"""Load fairseq checkpoints under torch >= 2.6, whose ``torch.load`` defaults to ``weights_only=True``.
+
+fairseq 0.12 calls ``torch.load(f, map_location="cpu")`` on checkpoints that pickle the training
+``argparse.Namespace`` (and, after some runs, numpy scalars such as a best-BLEU value). With
+``weights_only=True`` these loads fail with ``Unsupported global: argparse.Namespace``, which breaks
+``fairseq-generate`` and resuming training (reference notes, section 5). The common workaround,
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, turns the safe loader off for every load in the process.
+
+Instead, importing this plugin adds exactly the types fairseq checkpoints contain to torch's
+allow-list (``torch.serialization.add_safe_globals``): the restricted unpickler stays on, and a file
+carrying any other global is still refused.
+"""
+import argparse
+
+import numpy as np
+import torch
+
+#: Types that fairseq 0.12 writes into checkpoints besides tensors and builtins.
+FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace]
+
+
+def _numpy_scalar_globals():
+    """What pickle needs to rebuild numpy scalars (``np.float64(...)``): reconstructor and dtypes."""
+    core = getattr(np, "_core", None) or np.core
+    out = [core.multiarray.scalar, np.dtype]
+    dtypes = getattr(np, "dtypes", None)
+    if dtypes is not None:
+        out += [
+            getattr(dtypes, name)
+            for name in ("Float64DType", "Float32DType", "Int64DType", "Int32DType", "BoolDType")
+            if hasattr(dtypes, name)
+        ]
+    return out
+
+
+def allow_fairseq_checkpoints():
+    """Allow-list the globals of fairseq checkpoints for ``torch.load(weights_only=True)``.
+
+    A no-op on torch versions without ``add_safe_globals`` (< 2.4, which load with pickle anyway).
+    Returns the list of types registered.
+    """
+    add = getattr(torch.serialization, "add_safe_globals", None)
+    if add is None:
+        return []
+    types = FAIRSEQ_CHECKPOINT_GLOBALS + _numpy_scalar_globals()
+    add(types)
+    return types
+
+
+allow_fairseq_checkpoints()

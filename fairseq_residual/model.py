@@ -1,0 +1,190 @@
+"""Registration of the ``residual_transformer`` model and its ``--arch`` presets.
+
+The model is fairseq's argparse-style :class:`~fairseq.models.transformer.TransformerModel` with one
+more option group (``--residual-scheme`` and ResiDual's constants, see ``config.py``) and the
+encoder/decoder of ``encoder_decoder.py``. It is argparse-style on purpose: a dataclass-registered
+model on ``TransformerModelBase`` cannot take its nested encoder/decoder options from
+``fairseq-train``'s command line (reference notes, section 5). Under ``fairseq-hydra-train`` fairseq
+applies the ``_name`` preset to the DictConfig before ``build_model``, so presets hold there too.
+
+Presets (every one in ``fairseq-train --arch`` choices):
+
+=================================== ================================================================
+``residual_transformer``            fairseq base: 6+6 layers, 512 / 2048 / 8 heads, dropout 0.1
+``residual_transformer_iwslt_de_en`` ResiDual authors' IWSLT14: 6+6, 256 / 1024 / 4, dropout .3/.1/.1,
+                                    all embeddings shared (fairseq's own IWSLT preset is 512 wide)
+``residual_transformer_wmt_en_de``   authors' WMT14: 6+6, 512 / 2048 / 8, dropout .3/.1/.1, shared
+``residual_transformer_wmt_en_de_big`` fairseq big: 6+6, 1024 / 4096 / 16, dropout .3/.1
+``residual_transformer_tiny``        tests: 2+2, 64 / 64 / 2 heads
+=================================== ================================================================
+
+and for each of the first four ``<preset>_post_ln``, ``<preset>_pre_ln``, ``<preset>_resi_dual``, which
+fix the default scheme (an explicit ``--residual-scheme`` still wins, as any explicit option does
+over a fairseq preset). Without a suffix the scheme defaults to ``resi_dual``.
+"""
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig
+from fairseq.models.transformer.transformer_legacy import (
+    TransformerModel,
+    base_architecture,
+    tiny_architecture,
+    transformer_wmt_en_de_big,
+)
+
+from . import checkpoint_compat  # noqa: F401  (torch>=2.6 loading of fairseq checkpoints)
+from .config import (
+    POST_LN,
+    PRE_LN,
+    RESI_DUAL,
+    SCHEMES,
+    ResidualOptions,
+    add_residual_args,
+    as_namespace,
+    residual_defaults,
+)
+from .encoder_decoder import ResidualTransformerDecoder, ResidualTransformerEncoder
+
+MODEL_NAME = "residual_transformer"
+
+
+def _transformer_config(args):
+    """fairseq ``TransformerConfig`` of ``args`` plus the validated ``residual_options``."""
+    if not isinstance(args, TransformerConfig):
+        args = as_namespace(args)
+    cfg = TransformerConfig.from_namespace(args)
+    cfg.residual_options = ResidualOptions.from_args(cfg)
+    return cfg
+
+
+@register_model(MODEL_NAME)
+class ResidualTransformerModel(TransformerModel):
+    """Transformer encoder-decoder with a Post-LN, Pre-LN or ResiDual residual scheme.
+
+    Subclass of fairseq's ``TransformerModel``: same inputs and outputs (``forward`` returns decoder
+    logits B x T x V and the extras dict), same checkpoints apart from the ``residual_scheme_id``
+    buffers, same training/generation entry points. See :mod:`fairseq_residual.config` for the
+    schemes' formulas.
+    """
+
+    @classmethod
+    def add_args(cls, parser):
+        """fairseq's transformer options plus the residual-scheme options."""
+        super().add_args(parser)
+        add_residual_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        """Build the model from an argparse Namespace (fairseq-train) or DictConfig (hydra).
+
+        Raises:
+            ValueError: invalid residual options (see ``ResidualOptions.from_args``), or fairseq's
+                own errors (e.g. ``--share-all-embeddings requires a joined dictionary``).
+        """
+        args = as_namespace(args)
+        residual_defaults(args)
+        opts = ResidualOptions.from_args(args)
+        # The scheme decides LayerNorm placement: stock layers with normalize_before for Pre-LN;
+        # Post-LN layers (and the Post-LN x_a stream of ResiDual) without.
+        args.encoder_normalize_before = args.decoder_normalize_before = opts.scheme == PRE_LN
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return ResidualTransformerEncoder(_transformer_config(args), src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = _transformer_config(args)
+        return ResidualTransformerDecoder(
+            cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention
+        )
+
+    @property
+    def residual_scheme(self):
+        """The model's residual scheme: ``post_ln``, ``pre_ln`` or ``resi_dual``."""
+        return self.encoder.residual_scheme
+
+
+# ---------------------------------------------------------------------------------------------
+# Architecture presets
+# ---------------------------------------------------------------------------------------------
+
+
+def _dropouts(args, dropout, attention_dropout, activation_dropout):
+    args.dropout = getattr(args, "dropout", dropout)
+    args.attention_dropout = getattr(args, "attention_dropout", attention_dropout)
+    args.activation_dropout = getattr(args, "activation_dropout", activation_dropout)
+
+
+def _dims(args, embed_dim, ffn_dim, heads, layers=6):
+    for stack in ("encoder", "decoder"):
+        setattr(args, f"{stack}_embed_dim", getattr(args, f"{stack}_embed_dim", embed_dim))
+        setattr(args, f"{stack}_ffn_embed_dim", getattr(args, f"{stack}_ffn_embed_dim", ffn_dim))
+        setattr(args, f"{stack}_attention_heads", getattr(args, f"{stack}_attention_heads", heads))
+        setattr(args, f"{stack}_layers", getattr(args, f"{stack}_layers", layers))
+
+
+def residual_base_architecture(args, scheme=RESI_DUAL):
+    """fairseq's transformer base (6+6, 512 / 2048 / 8) with the residual defaults."""
+    residual_defaults(args, scheme)
+    base_architecture(args)
+
+
+def residual_iwslt_de_en(args, scheme=RESI_DUAL):
+    """IWSLT14 De-En as in the ResiDual authors' YAML (reference notes section 3)."""
+    _dims(args, 256, 1024, 4)
+    _dropouts(args, 0.3, 0.1, 0.1)
+    args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
+    residual_base_architecture(args, scheme)
+
+
+def residual_wmt_en_de(args, scheme=RESI_DUAL):
+    """WMT14 En-De as in the ResiDual authors' YAML (reference notes section 3)."""
+    _dims(args, 512, 2048, 8)
+    _dropouts(args, 0.3, 0.1, 0.1)
+    args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
+    residual_base_architecture(args, scheme)
+
+
+def residual_wmt_en_de_big(args, scheme=RESI_DUAL):
+    """fairseq's ``transformer_wmt_en_de_big`` (1024 / 4096 / 16, dropout 0.3, attention 0.1)."""
+    residual_defaults(args, scheme)
+    transformer_wmt_en_de_big(args)
+
+
+def residual_tiny(args, scheme=RESI_DUAL):
+    """fairseq's ``transformer_tiny`` (2+2 layers, 64 / 64 / 2 heads), for tests."""
+    residual_defaults(args, scheme)
+    tiny_architecture(args)
+
+
+PRESETS = {
+    MODEL_NAME: residual_base_architecture,
+    f"{MODEL_NAME}_iwslt_de_en": residual_iwslt_de_en,
+    f"{MODEL_NAME}_wmt_en_de": residual_wmt_en_de,
+    f"{MODEL_NAME}_wmt_en_de_big": residual_wmt_en_de_big,
+}
+
+
+def _register_presets():
+    """Register every preset and its three ``_<scheme>`` variants; return all arch names."""
+    names = []
+    for name, fn in PRESETS.items():
+        register_model_architecture(MODEL_NAME, name)(fn)
+        names.append(name)
+        for scheme in SCHEMES:
+
+            def variant(args, fn=fn, scheme=scheme):
+                fn(args, scheme)
+
+            variant.__name__ = f"{fn.__name__}_{scheme}"
+            variant.__doc__ = f"{fn.__doc__} Default scheme: {scheme}."
+            register_model_architecture(MODEL_NAME, f"{name}_{scheme}")(variant)
+            names.append(f"{name}_{scheme}")
+    register_model_architecture(MODEL_NAME, f"{MODEL_NAME}_tiny")(residual_tiny)
+    names.append(f"{MODEL_NAME}_tiny")
+    return names
+
+
+ARCH_NAMES = _register_presets()
+__all__ = ["ResidualTransformerModel", "ARCH_NAMES", "POST_LN", "PRE_LN", "RESI_DUAL"]

@@ -1,0 +1,37 @@
+"""fairseq-residual: Post-LN, Pre-LN and ResiDual Transformers as a fairseq user-dir plugin."""
+from setuptools import find_packages, setup
+
+setup(
+    name="fairseq-residual",
+    version="0.1.0",
+    description=(
+        "A fairseq plugin (--user-dir fairseq_residual) registering the residual_transformer model "
+        "with Post-LN, Pre-LN and ResiDual (Xie et al. 2023, arXiv 2304.14802) residual schemes"
+    ),
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.8",
+    packages=find_packages(include=["fairseq_residual", "fairseq_residual.*"]),
+    install_requires=[
+        # fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed 0.12.3.1 is a source release
+        # of fairseq main with that fix. Build it with --no-build-isolation against the CPU torch
+        # (the Makefile does this) or pip pulls a CUDA torch into the build environment.
+        "fairseq==0.12.2; python_version < '3.11'",
+        "fairseq-fixed==0.12.3.1; python_version >= '3.11'",
+        "torch==2.13.0",
+        "sacrebleu>=2.0",
+        "sentencepiece>=0.1.97",
+        "hydra-core>=1.0.7",
+        "sacremoses>=0.0.53",
+        "subword-nmt>=0.3.8",
+        "matplotlib>=3.5",
+        "tensorboardX>=2.5",
+    ],
+    extras_require={"test": ["pytest>=7"]},
+    entry_points={
+        "console_scripts": [
+            "fairseq-residual-analyze = fairseq_residual.analyze:cli_main",
+        ],
+    },
+    license="MIT",
+)
