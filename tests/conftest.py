@@ -1,0 +1,143 @@
+"""Shared fixtures: building models in-process from fairseq command-line flags, and tiny corpora."""
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = str(REPO / "fairseq_residual")
+VENV_BIN = Path(sys.executable).parent
+
+torch.set_num_threads(1)  # the suite runs on 2 shared cores; one thread per process is fastest overall
+
+
+def cli_env():
+    """Environment for subprocess CLI calls: the venv's bin first on PATH, no weights_only override."""
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_cli(args, cwd=None, check=True, timeout=600):
+    """Run a fairseq CLI; on failure show its output. Returns the CompletedProcess (text)."""
+    proc = subprocess.run(
+        [str(a) for a in args],
+        cwd=cwd,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout[-6000:]}")
+    return proc
+
+
+def make_dictionary(n_symbols=40):
+    """A fairseq Dictionary with ``n_symbols`` word types besides the 4 specials."""
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for i in range(n_symbols):
+        d.add_symbol(f"w{i}")
+    d.finalize(padding_factor=1)
+    return d
+
+
+def build_model(arch, *flags, dictionary=None, task_cls=None):
+    """Build a model exactly as ``fairseq-train --user-dir fairseq_residual --arch ARCH FLAGS`` would.
+
+    Returns ``(model, args, task)``; the model is in eval mode (dropout off).
+    """
+    from fairseq import options
+    from fairseq.tasks.translation import TranslationTask
+
+    parser = options.get_training_parser()
+    argv = ["/nonexistent-data", "--user-dir", USER_DIR, "--arch", arch, "--task", "translation"]
+    args = options.parse_args_and_arch(parser, argv + [str(f) for f in flags])
+    d = dictionary if dictionary is not None else make_dictionary()
+    task = (task_cls or TranslationTask)(args, d, d)
+    model = task.build_model(args)
+    model.eval()
+    return model, args, task
+
+
+def random_batch(dictionary, bsz=4, src_len=7, tgt_len=6, seed=0, pad_rows=True):
+    """A batch with left-padded sources and right-padded targets (fairseq's translation layout).
+
+    Returns ``(src_tokens [B x S], src_lengths [B], prev_output_tokens [B x T], target [B x T])``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    pad, eos, nspecial = dictionary.pad(), dictionary.eos(), dictionary.nspecial
+    V = len(dictionary)
+    src = torch.full((bsz, src_len), pad, dtype=torch.long)
+    tgt = torch.full((bsz, tgt_len), pad, dtype=torch.long)
+    lengths = []
+    for b in range(bsz):
+        ls = src_len - (b % 3 if pad_rows else 0)
+        lt = tgt_len - (b % 2 if pad_rows else 0)
+        s = torch.randint(nspecial, V, (ls,), generator=g)
+        s[-1] = eos
+        src[b, src_len - ls :] = s  # left padding
+        t = torch.randint(nspecial, V, (lt,), generator=g)
+        t[-1] = eos
+        tgt[b, :lt] = t
+        lengths.append(ls)
+    prev = torch.full_like(tgt, pad)
+    prev[:, 0] = eos
+    for b in range(bsz):
+        lt = int(tgt[b].ne(pad).sum())
+        prev[b, 1:lt] = tgt[b, : lt - 1]
+    return src, torch.tensor(lengths), prev, tgt
+
+
+def write_tiny_parallel(directory, n_train=240, n_valid=24, n_test=24, seed=0):
+    """A tiny synthetic translation corpus (source words -> reversed, upper-cased target words)."""
+    rng = random.Random(seed)
+    words = "a b c d e f g h i j k l m n o p".split()
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_valid), ("test", n_test)):
+        with open(directory / f"{split}.src", "w") as fs, open(directory / f"{split}.tgt", "w") as ft:
+            for _ in range(n):
+                s = [rng.choice(words) for _ in range(rng.randint(3, 9))]
+                fs.write(" ".join(s) + "\n")
+                ft.write(" ".join(reversed(s)).upper() + "\n")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_data_bin(tmp_path_factory):
+    """A binarized tiny corpus with a joined dictionary: ``(raw_dir, bin_dir)``."""
+    root = tmp_path_factory.mktemp("tiny_corpus")
+    raw = write_tiny_parallel(root / "raw")
+    binned = root / "bin"
+    run_cli(
+        [
+            "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+            "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
+            "--destdir", binned, "--joined-dictionary", "--workers", "1",
+        ]
+    )
+    return raw, binned
+
+
+@pytest.fixture
+def fresh_copy(tmp_path):
+    """Copy a directory into this test's tmp dir (for tests that write next to shared data)."""
+
+    def _copy(src):
+        dst = tmp_path / Path(src).name
+        shutil.copytree(src, dst)
+        return dst
+
+    return _copy
