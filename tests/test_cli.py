@@ -1,0 +1,172 @@
+"""End to end through the real CLIs: fairseq-preprocess -> fairseq-train -> fairseq-generate, resume,
+fairseq-hydra-train, and the errors a user meets (wrong flag, checkpoint of another scheme)."""
+import re
+import textwrap
+
+import pytest
+import torch
+
+from conftest import USER_DIR, run_cli
+from fairseq_residual.model import ARCH_NAMES
+
+TRAIN_FLAGS = [
+    "--optimizer", "adam", "--lr", "5e-3", "--criterion", "label_smoothed_cross_entropy",
+    "--label-smoothing", "0.1", "--max-tokens", "600", "--required-batch-size-multiple", "1",
+    "--log-format", "simple", "--log-interval", "1", "--no-epoch-checkpoints", "--seed", "3",
+    "--num-workers", "0",
+]
+
+
+def train(data_bin, save_dir, *flags, max_update=6, check=True):
+    return run_cli(
+        ["fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save_dir,
+         "--max-update", max_update, *TRAIN_FLAGS, *flags],
+        check=check,
+    )
+
+
+def load_checkpoint(path):
+    """Load a fairseq checkpoint the way torch 2.13 does by default (weights_only=True)."""
+    import fairseq_residual  # noqa: F401  (allow-lists fairseq's checkpoint globals)
+
+    return torch.load(path, map_location="cpu")
+
+
+def test_help_lists_every_preset():
+    out = run_cli(["fairseq-train", "--user-dir", USER_DIR, "--help"]).stdout
+    out = re.sub(r"-\n\s+", "-", out)  # argparse wraps help lines at hyphens
+    assert len(ARCH_NAMES) == 17
+    for name in ARCH_NAMES:
+        assert re.search(rf"[\s,]{name}[,.]", out), f"--arch help lacks {name}"
+    for flag in ("--residual-scheme", "--resi-dual-scale", "--encoder-resi-dual-alpha"):
+        assert flag in out
+
+
+@pytest.mark.parametrize("scheme", ["post_ln", "pre_ln", "resi_dual"])
+def test_train_generate_resume(scheme, tiny_data_bin, tmp_path):
+    raw, data_bin = tiny_data_bin
+    save = tmp_path / "ckpt"
+    arch_flags = ["--arch", "residual_transformer_tiny", "--residual-scheme", scheme]
+    log = train(data_bin, save, *arch_flags, max_update=6).stdout
+    assert "num_updates=6" in log or "num_updates 6" in log
+    state = load_checkpoint(save / "checkpoint_last.pt")
+    assert int(state["model"]["encoder.residual_scheme_id"]) == ["post_ln", "pre_ln", "resi_dual"].index(scheme)
+    assert state["optimizer_history"][-1]["num_updates"] == 6
+
+    gen = run_cli(
+        ["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
+         "--beam", "5", "--batch-size", "16", "--required-batch-size-multiple", "1", "--num-workers", "0"]
+    ).stdout
+    hyps = [line for line in gen.splitlines() if line.startswith("H-")]
+    n_test = sum(1 for _ in open(raw / "test.src"))
+    assert len(hyps) == n_test, "every test sentence is translated"
+    assert re.search(r"Generate test with beam=5: BLEU4 = \d+\.\d+", gen)
+
+    # resume from checkpoint_last.pt and continue to 9 updates
+    log = train(data_bin, save, *arch_flags, max_update=9).stdout
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 6 updates\)", log)
+    assert load_checkpoint(save / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"] == 9
+
+
+def test_checkpoint_of_another_scheme_is_refused(tiny_data_bin, tmp_path):
+    _, data_bin = tiny_data_bin
+    save = tmp_path / "ckpt"
+    train(data_bin, save, "--arch", "residual_transformer_tiny",
+          "--residual-scheme", "pre_ln", max_update=2)
+    proc = train(data_bin, save, "--arch", "residual_transformer_tiny", "--residual-scheme", "resi_dual",
+                 max_update=4, check=False)
+    assert proc.returncode != 0
+    assert "trained with residual scheme 'pre_ln'" in proc.stdout
+    assert "uses residual scheme 'resi_dual'" in proc.stdout
+    assert "--residual-scheme pre_ln" in proc.stdout
+    # nothing was lost: the pre_ln checkpoint is untouched
+    assert load_checkpoint(save / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"] == 2
+
+
+def test_bad_flags_give_clear_errors(tiny_data_bin, tmp_path):
+    _, data_bin = tiny_data_bin
+    proc = train(data_bin, tmp_path / "a", "--arch", "residual_transformer_tiny", "--resi-dual-scale", "0",
+                 check=False)
+    assert proc.returncode != 0 and "--resi-dual-scale) must be in (0, 1], got 0.0" in proc.stdout
+    proc = train(data_bin, tmp_path / "b", "--arch", "residual_transformer_tiny", "--residual-scheme", "preln",
+                 check=False)
+    assert proc.returncode != 0 and "invalid choice: 'preln'" in proc.stdout
+    assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())
+
+
+def test_presets_apply_their_dimensions_under_fairseq_train(tiny_data_bin, tmp_path):
+    _, data_bin = tiny_data_bin
+    save = tmp_path / "ckpt"
+    train(data_bin, save, "--arch", "residual_transformer_iwslt_de_en_post_ln", max_update=1)
+    state = load_checkpoint(save / "checkpoint_last.pt")
+    sd = state["model"]
+    assert sd["encoder.embed_tokens.weight"].shape[1] == 256
+    assert sd["encoder.layers.0.fc1.weight"].shape == (1024, 256)
+    assert max(int(k.split(".")[2]) for k in sd if k.startswith("decoder.layers.")) == 5
+    assert int(sd["encoder.residual_scheme_id"]) == 0  # post_ln
+    assert state["cfg"]["model"].share_all_embeddings
+
+
+def test_hydra_train_applies_preset_and_generates(tiny_data_bin, tmp_path):
+    raw, data_bin = tiny_data_bin
+    save = tmp_path / "ckpt"
+    config_dir = tmp_path / "configs"
+    config_dir.mkdir()
+    (config_dir / "tiny.yaml").write_text(
+        textwrap.dedent(
+            f"""
+            # @package _group_
+            common:
+              user_dir: {USER_DIR}
+              log_format: simple
+              log_interval: 1
+              seed: 3
+            task:
+              _name: translation
+              data: {data_bin}
+            model:
+              _name: residual_transformer_iwslt_de_en_pre_ln
+              encoder_layers: 2
+              decoder_layers: 2
+            criterion:
+              _name: label_smoothed_cross_entropy
+              label_smoothing: 0.1
+            optimizer:
+              _name: adam
+            lr_scheduler:
+              _name: fixed
+            optimization:
+              lr: [0.005]
+              max_update: 3
+            dataset:
+              max_tokens: 600
+              required_batch_size_multiple: 1
+              num_workers: 0
+            checkpoint:
+              save_dir: {save}
+              no_epoch_checkpoints: true
+            """
+        )
+    )
+    run_cli(
+        ["fairseq-hydra-train", "--config-dir", config_dir, "--config-name", "tiny",
+         f"hydra.run.dir={tmp_path / 'hydra'}"]
+    )
+    sd = load_checkpoint(save / "checkpoint_last.pt")["model"]
+    assert sd["encoder.embed_tokens.weight"].shape[1] == 256  # the preset, not base dims (512)
+    assert sd["encoder.layers.0.fc1.weight"].shape == (1024, 256)
+    assert max(int(k.split(".")[2]) for k in sd if k.startswith("encoder.layers.")) == 1  # override: 2 layers
+    assert int(sd["encoder.residual_scheme_id"]) == 1  # pre_ln from the preset name
+    assert "encoder.layer_norm.weight" in sd
+    gen = run_cli(
+        ["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
+         "--beam", "5", "--required-batch-size-multiple", "1", "--num-workers", "0"]
+    ).stdout
+    assert len([x for x in gen.splitlines() if x.startswith("H-")]) == sum(1 for _ in open(raw / "test.src"))
+
+
+def test_activation_checkpointing_trains_resi_dual(tiny_data_bin, tmp_path):
+    _, data_bin = tiny_data_bin
+    log = train(data_bin, tmp_path / "ckpt", "--arch", "residual_transformer_tiny", "--checkpoint-activations",
+                max_update=2).stdout
+    assert "num_updates=2" in log or "num_updates 2" in log
