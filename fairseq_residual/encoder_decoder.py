@@ -58,6 +58,11 @@ class _ResidualStackMixin:
             # LN_final over the dual stream; same parameter name as fairseq's Pre-LN final norm.
             self.layer_norm = LayerNorm(embed_dim, eps=RESI_DUAL_FINAL_LN_EPS, export=cfg.export)
 
+    def start_dual_stream(self, x: Tensor) -> Tensor:
+        """``x_d = c * x`` from the embedding output x (T x B x C); x itself when c == 1 (no copy:
+        the dual stream is only ever updated out of place)."""
+        return x if self.dual_scale == 1.0 else x * self.dual_scale
+
     def resi_dual_output(self, x_a: Tensor, x_d: Tensor) -> Tensor:
         """Stack output ``alpha * x_a + LN_final(x_d)`` (paper eq. 6), T x B x C."""
         return torch.add(self.layer_norm(x_d), x_a, alpha=self.resi_dual_alpha)
@@ -138,7 +143,7 @@ class ResidualTransformerEncoder(_ResidualStackMixin, TransformerEncoderBase):
         if has_pads:  # zero the padded positions, as fairseq does
             x = x * (1 - encoder_padding_mask.unsqueeze(-1).type_as(x))
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
-        x_d = x * self.dual_scale  # the dual stream starts from the (scaled) embedding output
+        x_d = self.start_dual_stream(x)
 
         encoder_states: List[Tensor] = [x] if return_all_hiddens else []
         for layer in self.layers:
@@ -252,7 +257,7 @@ class ResidualTransformerDecoder(_ResidualStackMixin, TransformerDecoderBase):
 
         x, prev_output_tokens = self.embed(prev_output_tokens, incremental_state)
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
-        x_d = x * self.dual_scale
+        x_d = self.start_dual_stream(x)
 
         self_attn_padding_mask: Optional[Tensor] = None
         if prev_output_tokens.eq(self.padding_idx).any():
