@@ -25,6 +25,7 @@ and awk tools of the original recipes; "-" means stdin / stdout.
 
 import argparse
 import contextlib
+import itertools
 import os
 import random
 import re
@@ -173,7 +174,8 @@ def cmd_fetch(args):
     stat = os.stat(path)
     stamp_key = f"{stat.st_size} {stat.st_mtime_ns} {sorted(extract)}"
     stamp = os.path.join(args.dest, f".{args.name}.extracted")
-    if os.path.isfile(stamp):
+    on_disk = all(os.path.isfile(os.path.join(args.dest, p)) for p in extract if not p.endswith("/"))
+    if os.path.isfile(stamp) and on_disk:
         with open(stamp, encoding="utf-8") as f:
             if f.read() == stamp_key:
                 info(f"{args.name}: already extracted into {args.dest}")
@@ -261,16 +263,18 @@ def seg_text(line, raw=False):
 
 
 def cmd_segs(args):
-    n = 0
-    with open_in(args.input) as src, open_out(args.output) as out:
-        for line in iter_lines(src):
-            text = seg_text(line, args.raw)
-            if text is not None:
-                out.write(text + "\n")
-                n += 1
-    if n == 0:
-        raise PrepError(f"no <seg id=...> lines in {args.input}")
-    info(f"segs {os.path.basename(args.input)}: {n} segments")
+    with open_out(args.output) as out:
+        for path in args.input:  # several files: their segments concatenated in this order
+            n = 0
+            with open_in(path) as src:
+                for line in iter_lines(src):
+                    text = seg_text(line, args.raw)
+                    if text is not None:
+                        out.write(text + "\n")
+                        n += 1
+            if n == 0:
+                raise PrepError(f"no <seg id=...> lines in {path}")
+            info(f"segs {os.path.basename(path)}: {n} segments")
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,11 +338,18 @@ def cmd_tokenize(args):
         if args.workers > 1:
             import multiprocessing
 
+            import regex  # noqa: F401  (imported once here, inherited by the forked workers)
+            import sacremoses  # noqa: F401
+
             ctx = multiprocessing.get_context("fork")
             with ctx.Pool(args.workers, initializer=_init_worker, initargs=(opts,)) as pool:
-                for result in pool.imap(_process_chunk, chunks):
-                    out.write("".join(line + "\n" for line in result))
-                    n += len(result)
+                while True:  # bounded batches: Pool.imap would queue the whole corpus in memory
+                    batch = list(itertools.islice(chunks, 4 * args.workers))
+                    if not batch:
+                        break
+                    for result in pool.map(_process_chunk, batch):
+                        out.write("".join(line + "\n" for line in result))
+                        n += len(result)
         else:
             _init_worker(opts)
             for chunk in chunks:
@@ -441,10 +452,8 @@ def cmd_opus_pairs(args):
     root = args.root
     if not root:
         raise PrepError("opus-pairs needs --root")
-    if not os.path.isdir(root):
-        raise PrepError(f"OPUS-100 folder not found: {root}")
     found = {}
-    for name in sorted(os.listdir(root)):
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         parts = name.split("-")
         if len(parts) != 2 or "en" not in parts or parts[0] == parts[1]:
             continue
@@ -574,8 +583,8 @@ def build_parser():
     s.add_argument("-o", "--output", default="-")
     s.set_defaults(func=cmd_iwslt_train)
 
-    s = sub.add_parser("segs", help="<seg> text of an .xml/.sgm file")
-    s.add_argument("-i", "--input", required=True)
+    s = sub.add_parser("segs", help="<seg> text of .xml/.sgm files (concatenated)")
+    s.add_argument("-i", "--input", nargs="+", required=True)
     s.add_argument("-o", "--output", default="-")
     s.add_argument("--raw", action="store_true", help="strip and squeeze whitespace")
     s.set_defaults(func=cmd_segs)

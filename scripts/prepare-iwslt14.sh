@@ -27,20 +27,21 @@ usage() {
 Usage: $0 [options]
 
 Prepares IWSLT14 De->En (TED talks, CC BY-NC-ND) following fairseq's prepare-iwslt14.sh:
-  1. takes $ARCHIVE from --archives (downloaded from $URL
-     when missing and the machine is online);
+  1. takes $ARCHIVE from --archives (when missing and the machine is online, downloads
+     $URL);
   2. train: drops lines with <url>, <talkid> or <keywords>, strips <title>/<description> tags,
      Moses-tokenizes (sacremoses), cleans (length 1..175 tokens, length ratio 1.5),
      lower-cases; valid = every 23rd line of it, train = the other lines;
-  3. test = the <seg> text of ${TEST_SETS[*]}
-     (Moses-tokenized, lower-cased);
+  3. test = the <seg> text of these sets, in this order (Moses-tokenized, lower-cased):
+     ${TEST_SETS[*]:0:2}
+     ${TEST_SETS[*]:2};
   4. joint BPE (subword-nmt) learned on train de+en, applied to all splits;
   5. fairseq-preprocess --joined-dictionary (shared vocabulary for de and en).
 
 Options:
   --archives DIR   folder holding $ARCHIVE (default: OUT/orig)
-  --out DIR        output folder (default: $OUT); holds orig/ (extracted archive), tmp/,
-                   train/valid/test.{de,en} (BPE text), code (BPE codes) and the binarized data
+  --out DIR        output folder (default: $OUT); holds orig/ (extracted
+                   archive), tmp/, train/valid/test.{de,en} (BPE text), code (BPE codes)
   --bin-dir DIR    binarized data folder (default: OUT/data-bin)
   --bpe-size N     number of BPE merge operations (default: $BPE_SIZE)
   --workers N      parallel workers for tokenization, BPE and binarization (default: $WORKERS)
@@ -112,17 +113,15 @@ log "step 3/5: valid (every 23rd train line) and test (<seg> text, tokenized, lo
 for l in $SRC $TGT; do
     prep split-every -n 23 -i "$TMP/train.tags.$LANG_PAIR.$l" \
         --nth "$TMP/valid.$l" --rest "$TMP/train.$l"
-    : > "$TMP/test.$l"
-    for t in "${TEST_SETS[@]}"; do
-        prep segs -i "$ORIG/$LANG_PAIR/$t.$LANG_PAIR.$l.xml" \
-            | prep tokenize --lang "$l" --fix-apostrophe --lower -o "$TMP/$t.$LANG_PAIR.$l"
-        cat "$TMP/$t.$LANG_PAIR.$l" >> "$TMP/test.$l"
-    done
+    xml=()
+    for t in "${TEST_SETS[@]}"; do xml+=("$ORIG/$LANG_PAIR/$t.$LANG_PAIR.$l.xml"); done
+    prep segs -i "${xml[@]}" \
+        | prep tokenize --lang "$l" --fix-apostrophe --lower --workers "$WORKERS" -o "$TMP/test.$l"
 done
 
 log "step 4/5: joint BPE, $BPE_SIZE merges (subword-nmt)"
 cat "$TMP/train.$SRC" "$TMP/train.$TGT" > "$TMP/train.$TGT-$SRC"
-"$PYTHON" -m subword_nmt.learn_bpe -s "$BPE_SIZE" -i "$TMP/train.$TGT-$SRC" -o "$OUT/code"
+"$PYTHON" -m subword_nmt.learn_bpe -s "$BPE_SIZE" --num-workers "$WORKERS" -i "$TMP/train.$TGT-$SRC" -o "$OUT/code"
 for l in $SRC $TGT; do
     for split in train valid test; do
         "$PYTHON" -m subword_nmt.apply_bpe -c "$OUT/code" --num-workers "$WORKERS" \

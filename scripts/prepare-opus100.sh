@@ -27,8 +27,8 @@ usage() {
 Usage: $0 [options]
 
 Prepares OPUS-100 (Zhang et al. 2020) for fairseq's translation_multi_simple_epoch task:
-  1. takes $ARCHIVE from --archives (downloaded from
-     $URL when missing and the machine is online);
+  1. takes $ARCHIVE from --archives (when missing and the machine is
+     online, downloads $URL);
      uses its $INNER/<pair>/opus.<pair>-{train,dev,test}.<lang> files
      (pair folders are named in alphabetical order: de-en, en-fr, ...);
   2. trains ONE joint sentencepiece model on a sample of at most --spm-sample training
@@ -174,6 +174,7 @@ done
 log "step 5/5: language lists"
 (IFS=,; echo "${LANGS[*]}") > "$BIN/langs.txt"
 (IFS=,; echo "${LANG_PAIRS[*]}") > "$BIN/lang_pairs.txt"
+[[ ${#LANG_PAIRS[@]} -gt 0 ]] || log "warning: no selected pair has a dev set; lang_pairs.txt is empty"
 log "done: binarized data in $BIN"
 log "train with: --task translation_multi_simple_epoch --langs \$(cat $BIN/langs.txt)" \
     "--lang-pairs \$(cat $BIN/lang_pairs.txt) --encoder-langtok tgt ..."

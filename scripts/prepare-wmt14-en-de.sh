@@ -130,15 +130,19 @@ if [[ $NEWSTEST2013 == 1 ]]; then
 fi
 
 log "step 2/7: train data (normalize punctuation, remove non-printing, tokenize -a)"
+for entry in "${CORPORA[@]}"; do
+    IFS='|' read -r archive url corpus <<< "$entry"
+    n_src=$(wc -l < "$ORIG/$corpus.$SRC")
+    n_tgt=$(wc -l < "$ORIG/$corpus.$TGT")
+    [[ $n_src == "$n_tgt" ]] || die "$archive is malformed: $corpus.$SRC has $n_src lines" \
+        "but $corpus.$TGT has $n_tgt (re-download it from $url)"
+    log "  $corpus: $n_src sentence pairs"
+done
 for l in $SRC $TGT; do
     files=()
     for entry in "${CORPORA[@]}"; do
         IFS='|' read -r archive url corpus <<< "$entry"
         files+=("$ORIG/$corpus.$l")
-        n_src=$(wc -l < "$ORIG/$corpus.$SRC")
-        n_tgt=$(wc -l < "$ORIG/$corpus.$TGT")
-        [[ $n_src == "$n_tgt" ]] || die "$archive is malformed: $corpus.$SRC has $n_src lines" \
-            "but $corpus.$TGT has $n_tgt (re-download it from $url)"
     done
     prep tokenize --lang "$l" --norm-punct --remove-nonprint --aggressive \
         --workers "$WORKERS" -i "${files[@]}" -o "$TMP/train.tags.$SRC-$TGT.tok.$l"
@@ -167,7 +171,7 @@ TEST_SPLITS=(test)
 [[ $NEWSTEST2013 == 1 ]] && TEST_SPLITS+=(test1)
 log "step 5/7: joint BPE, $BPE_SIZE merges (subword-nmt)"
 cat "$TMP/train.$SRC" "$TMP/train.$TGT" > "$TMP/train.$TGT-$SRC"
-"$PYTHON" -m subword_nmt.learn_bpe -s "$BPE_SIZE" -i "$TMP/train.$TGT-$SRC" -o "$OUT/code"
+"$PYTHON" -m subword_nmt.learn_bpe -s "$BPE_SIZE" --num-workers "$WORKERS" -i "$TMP/train.$TGT-$SRC" -o "$OUT/code"
 for l in $SRC $TGT; do
     for split in train valid "${TEST_SPLITS[@]}"; do
         "$PYTHON" -m subword_nmt.apply_bpe -c "$OUT/code" --num-workers "$WORKERS" \

@@ -327,7 +327,7 @@ WMT_TEST = [  # (en, de) newstest2014-like segments
 ]
 
 
-WMT_DEV = [("The well-known rule \u2019s fine.", "Die bekannte Regel ist gut."),
+WMT_DEV = [("The well-known rule\u2019s fine.", "Die bekannte Regel ist gut."),
            ("Two cats.", "Zwei Katzen.")]
 
 
@@ -452,7 +452,7 @@ def opus_text(lang, i):
     return " ".join(words).capitalize() + f" {i}."
 
 
-def opus_archive(path, with_pairs=("de-en", "en-fr", "an-en")):
+def opus_archive(path, with_pairs=("de-en", "en-fr")):
     members = {}
     for folder in with_pairs:
         a, b = folder.split("-")
@@ -473,13 +473,13 @@ def test_opus100_end_to_end(tmp_path, run_script):
     out, bin_dir = tmp_path / "opus", tmp_path / "opus" / "data-bin"
     log = run_script("prepare-opus100.sh", "--archives", tmp_path / "archives", "--out", out,
                      "--bpe-size", 150, "--character-coverage", 1.0)
-    assert "warning: an-en has no dev set" in log and "done" in log
+    assert "pairs: 2 (de fr)" in log and "done" in log
 
     dict_txt = (bin_dir / "dict.txt").read_text()
     assert len(dict_txt.splitlines()) > 50
-    for lang in ("en", "de", "fr", "an"):
+    for lang in ("en", "de", "fr"):
         assert (bin_dir / f"dict.{lang}.txt").read_text() == dict_txt  # one shared dictionary
-    assert (bin_dir / "langs.txt").read_text().strip() == "en,an,de,fr"
+    assert (bin_dir / "langs.txt").read_text().strip() == "en,de,fr"
     assert (bin_dir / "lang_pairs.txt").read_text().strip() == "en-de,de-en,en-fr,fr-en"
     assert (bin_dir / "spm.model").is_file()
 
@@ -491,8 +491,6 @@ def test_opus100_end_to_end(tmp_path, run_script):
         for side in ("en", lang):  # raw text kept for per-direction sacreBLEU
             raw = (out / "raw" / f"test.en-{lang}.{side}").read_text()
             assert raw == members[f"{OPUS_ROOT}/{folder}/opus.{folder}-test.{side}"]
-    assert idx_len(bin_dir / "train.en-an.an") == 60
-    assert not (bin_dir / "valid.en-an.an.idx").exists()
 
     # the binarized test set decodes back to the raw text (no <unk>, one dictionary for all)
     import sentencepiece as spm
@@ -506,17 +504,37 @@ def test_opus100_end_to_end(tmp_path, run_script):
         decoded = [sp.decode(dictionary.string(data[i]).split()) for i in range(len(data))]
         assert decoded == raw
 
+    # the layout is the one fairseq's translation_multi_simple_epoch task reads, all directions
+    from fairseq import options, tasks
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(bin_dir), "--task", "translation_multi_simple_epoch", "--arch", "transformer",
+        "--langs", (bin_dir / "langs.txt").read_text().strip(),
+        "--lang-pairs", (bin_dir / "lang_pairs.txt").read_text().strip(),
+        "--encoder-langtok", "tgt", "--decoder-langtok",
+    ])
+    args.max_source_positions = args.max_target_positions = 1024
+    task = tasks.setup_task(args)
+    for split, n in (("train", 60), ("valid", 6), ("test", 5)):
+        task.load_dataset(split)
+        assert len(task.dataset(split)) == 4 * n  # en-de, de-en, en-fr, fr-en
+
 
 def test_opus100_pair_selection_and_errors(tmp_path, run_script):
     archives = tmp_path / "archives"
-    opus_archive(archives / "opus-100-corpus-v1.0.tar.gz", with_pairs=("de-en", "en-fr"))
+    opus_archive(archives / "opus-100-corpus-v1.0.tar.gz", with_pairs=("de-en", "en-fr", "an-en"))
     out = tmp_path / "opus"
-    run_script("prepare-opus100.sh", "--archives", archives, "--out", out, "--pairs", "fr-en",
-               "--bpe-size", 100)
+    log = run_script("prepare-opus100.sh", "--archives", archives, "--out", out, "--pairs", "an-en",
+                     "--bpe-size", 100)
+    # only the requested pair; 'an' has no dev/test sets in OPUS-100 v1.0: train only
+    assert "warning: an-en has no dev set" in log
     bin_dir = out / "data-bin"
-    assert idx_len(bin_dir / "test.en-fr.fr") == 5
-    assert not list(bin_dir.glob("*en-de*"))
-    assert (bin_dir / "langs.txt").read_text().strip() == "en,fr"
+    assert idx_len(bin_dir / "train.en-an.an") == idx_len(bin_dir / "train.en-an.en") == 60
+    assert not (bin_dir / "valid.en-an.an.idx").exists()
+    assert sorted(p.name for p in bin_dir.glob("*.idx")) == ["train.en-an.an.idx", "train.en-an.en.idx"]
+    assert not (out / "orig" / OPUS_ROOT / "de-en").exists()  # other pairs not even extracted
+    assert (bin_dir / "langs.txt").read_text().strip() == "en,an"
+    assert (bin_dir / "lang_pairs.txt").read_text().strip() == ""  # no pair with a dev set
 
     log = run_script("prepare-opus100.sh", "--archives", archives, "--out", tmp_path / "o2",
                      "--pairs", "en-xh", expect_ok=False)
@@ -574,11 +592,11 @@ def test_text_extraction(prep_utils):
         prep_utils.parse_pairs("de-fr")
 
 
-def test_fetch_downloads_when_online(tmp_path, prep_utils, capsys):
+def test_fetch_downloads_when_online(tmp_path, prep_utils, capsys, monkeypatch):
     """The download path, with a local file:// URL standing in for the official one."""
     source = make_tgz(tmp_path / "mirror" / "de-en.tgz", {"de-en/a.txt": "A\n", "de-en/b.txt": "B\n"})
     archives, dest = tmp_path / "archives", tmp_path / "orig"
-    os.environ.pop("PREP_OFFLINE", None)
+    monkeypatch.delenv("PREP_OFFLINE", raising=False)
     argv = ["fetch", "--archives", str(archives), "--name", "de-en.tgz", "--dest", str(dest),
             "--require", "de-en/a.txt"]
     assert prep_utils.main(argv + ["--url", source.as_uri()]) == 0
