@@ -15,10 +15,12 @@ Presets (every one in ``fairseq-train --arch`` choices):
                                     all embeddings shared (fairseq's own IWSLT preset is 512 wide)
 ``residual_transformer_wmt_en_de``   authors' WMT14: 6+6, 512 / 2048 / 8, dropout .3/.1/.1, shared
 ``residual_transformer_wmt_en_de_big`` fairseq big: 6+6, 1024 / 4096 / 16, dropout .3/.1
+``residual_transformer_opus100``     authors' OPUS-100: 6+6 (they train 18+18), 512 / 2048 / 8,
+                                    dropout .1/.1/.1, decoder in/out embeddings shared, c = 0.05
 ``residual_transformer_tiny``        tests: 2+2, 64 / 64 / 2 heads
 =================================== ================================================================
 
-and for each of the first four ``<preset>_post_ln``, ``<preset>_pre_ln``, ``<preset>_resi_dual``, which
+and for each of the first five ``<preset>_post_ln``, ``<preset>_pre_ln``, ``<preset>_resi_dual``, which
 fix the default scheme (an explicit ``--residual-scheme`` still wins, as any explicit option does
 over a fairseq preset). Without a suffix the scheme defaults to ``resi_dual``.
 """
@@ -146,6 +148,16 @@ def residual_wmt_en_de(args, scheme=RESI_DUAL):
     residual_base_architecture(args, scheme)
 
 
+def residual_opus100(args, scheme=RESI_DUAL):
+    """OPUS-100 as in the ResiDual authors' YAML: 512 / 2048 / 8, dropout .1/.1/.1, decoder input and
+    output embeddings shared (not the encoder's), dual-stream scale c = 0.05 (their fp16 setting)."""
+    _dims(args, 512, 2048, 8)
+    _dropouts(args, 0.1, 0.1, 0.1)
+    args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", True)
+    args.resi_dual_scale = getattr(args, "resi_dual_scale", None) or 0.05
+    residual_base_architecture(args, scheme)
+
+
 def residual_wmt_en_de_big(args, scheme=RESI_DUAL):
     """fairseq's ``transformer_wmt_en_de_big`` (1024 / 4096 / 16, dropout 0.3, attention 0.1)."""
     residual_defaults(args, scheme)
@@ -163,6 +175,7 @@ PRESETS = {
     f"{MODEL_NAME}_iwslt_de_en": residual_iwslt_de_en,
     f"{MODEL_NAME}_wmt_en_de": residual_wmt_en_de,
     f"{MODEL_NAME}_wmt_en_de_big": residual_wmt_en_de_big,
+    f"{MODEL_NAME}_opus100": residual_opus100,
 }
 
 

@@ -35,7 +35,7 @@ def load_checkpoint(path):
 def test_help_lists_every_preset():
     out = run_cli(["fairseq-train", "--user-dir", USER_DIR, "--help"]).stdout
     out = re.sub(r"-\n\s+", "-", out)  # argparse wraps help lines at hyphens
-    assert len(ARCH_NAMES) == 17
+    assert len(ARCH_NAMES) == 21
     for name in ARCH_NAMES:
         assert re.search(rf"[\s,]{name}[,.]", out), f"--arch help lacks {name}"
     for flag in ("--residual-scheme", "--resi-dual-scale", "--encoder-resi-dual-alpha"):
