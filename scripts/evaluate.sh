@@ -1,0 +1,253 @@
+#!/usr/bin/env bash
+# Evaluate one training run of the paper's benchmarks: checkpoint (or the average of the last N),
+# fairseq-generate with the benchmark's beam settings, BLEU the way the benchmark's literature
+# reports it (scripts/score_bleu.py), results as JSON. Run with --help for the options.
+set -euo pipefail
+
+NAME=evaluate
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(dirname "$SCRIPT_DIR")"
+USER_DIR="${FAIRSEQ_RESIDUAL_USER_DIR:-$REPO/fairseq_residual}"
+
+BENCHMARK=""
+RUN_DIR=""
+DATA=""
+CHECKPOINT=""
+AVERAGE=""
+SUBSET=test
+BEAM=""
+LENPEN=""
+MAX_LEN_A=1.2
+MAX_LEN_B=10
+BATCH_SIZE=128
+RAW_REF=""
+RAW_DIR=""
+DIRECTIONS=""
+SRC_OPT=""
+TGT_OPT=""
+CPU=()
+OUT=""
+EXTRA=()
+
+usage() {
+    cat <<'EOF'
+Usage: scripts/evaluate.sh --benchmark {iwslt14,wmt14,opus100} --run-dir DIR --data DIR [options]
+
+  1. picks the checkpoint: --checkpoint, or the average of the run's last --average N checkpoints
+     (scripts/average_checkpoints.py; epoch checkpoints when there are N, else update ones);
+  2. translates the test set with fairseq-generate (--required-batch-size-multiple 1, so no
+     sentence is dropped), writing RUN_DIR/eval/generate-SUBSET[.SRC-TGT].txt;
+  3. scores it with scripts/score_bleu.py and writes RUN_DIR/eval/SUBSET.json:
+       iwslt14  tokenized lowercased BLEU (fairseq-generate --remove-bpe output vs the tokenized
+                references, sacreBLEU --tokenize none --lowercase)
+       wmt14    tokenized BLEU with compound splitting (##AT##-##AT##, as fairseq's
+                compound_split_bleu.sh) AND detokenized sacreBLEU (sacremoses detok vs the raw
+                newstest2014 reference), each labelled, with its signature
+       opus100  sacreBLEU per direction vs the raw OPUS-100 references, and the averages over
+                en->xx and xx->en
+
+Options:
+  --benchmark B        iwslt14, wmt14 or opus100
+  --run-dir DIR        the run's checkpoint directory (SAVE_ROOT/<benchmark>/<scheme>-<N>L-seed<K>)
+  --data DIR           the binarized data the run was trained on
+  --checkpoint C       best, last or a checkpoint file (default: best for iwslt14 -- the authors
+                       select by validation BLEU --, last for opus100; wmt14 averages)
+  --average N          average the last N checkpoints instead (default: 10 for wmt14, the
+                       authors' keep_last_epochs; 0 = off)
+  --subset S           test split (default: test)
+  --beam N             beam size (default: 5 for iwslt14, 4 for wmt14 and opus100)
+  --lenpen X           length penalty (default: 1.0 for iwslt14, 0.6 for wmt14 and opus100)
+  --max-len-a A        --max-len-b B: max length A*src+B (default: 1.2 and 10, the authors'
+                       validation setting)
+  --batch-size N       sentences per batch (default: 128)
+  --raw-ref FILE       wmt14: raw (detokenized) reference (default: DATA/../raw/newstest2014.de;
+                       newstest2013.de for --subset test1)
+  --raw-dir DIR        opus100: folder with the raw SUBSET.en-xx.{en,xx} text (default: DATA/../raw)
+  --directions LIST    opus100: comma-separated SRC-TGT directions (default: every pair in
+                       DATA/lang_pairs.txt whose test data exists)
+  --source-lang L      --target-lang L: iwslt14 / wmt14 languages (default: de-en for iwslt14,
+                       en-de for wmt14)
+  --cpu                generate on CPU
+  --out FILE           result JSON (default: RUN_DIR/eval/SUBSET.json)
+  --extra "ARGS"       more fairseq-generate arguments (space separated; may be repeated)
+  -h, --help           show this help
+
+Beam search settings: the ResiDual paper does not state its test-time beam or length penalty;
+the defaults follow each benchmark's usual fairseq recipe (IWSLT14: beam 5; WMT14: beam 4,
+lenpen 0.6 as in Vaswani et al. / Ott et al. 2018; OPUS-100: beam 4, lenpen 0.6 as in Zhang et
+al. 2020). They are stored in the JSON.
+EOF
+}
+
+log() { echo "[$NAME] $*" >&2; }
+die() { echo "[$NAME] ERROR: $*" >&2; exit 2; }
+need_value() { [[ $# -ge 2 && -n "$2" ]] || die "option $1 needs a value (see --help)"; }
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        -h|--help) usage; exit 0 ;;
+        --benchmark) need_value "$@"; BENCHMARK="$2"; shift 2 ;;
+        --run-dir) need_value "$@"; RUN_DIR="$2"; shift 2 ;;
+        --data) need_value "$@"; DATA="$2"; shift 2 ;;
+        --checkpoint) need_value "$@"; CHECKPOINT="$2"; shift 2 ;;
+        --average) need_value "$@"; AVERAGE="$2"; shift 2 ;;
+        --subset) need_value "$@"; SUBSET="$2"; shift 2 ;;
+        --beam) need_value "$@"; BEAM="$2"; shift 2 ;;
+        --lenpen) need_value "$@"; LENPEN="$2"; shift 2 ;;
+        --max-len-a) need_value "$@"; MAX_LEN_A="$2"; shift 2 ;;
+        --max-len-b) need_value "$@"; MAX_LEN_B="$2"; shift 2 ;;
+        --batch-size) need_value "$@"; BATCH_SIZE="$2"; shift 2 ;;
+        --raw-ref) need_value "$@"; RAW_REF="$2"; shift 2 ;;
+        --raw-dir) need_value "$@"; RAW_DIR="$2"; shift 2 ;;
+        --directions) need_value "$@"; DIRECTIONS="$2"; shift 2 ;;
+        --source-lang) need_value "$@"; SRC_OPT="$2"; shift 2 ;;
+        --target-lang) need_value "$@"; TGT_OPT="$2"; shift 2 ;;
+        --cpu) CPU=(--cpu); shift ;;
+        --out) need_value "$@"; OUT="$2"; shift 2 ;;
+        --extra) [[ $# -ge 2 ]] || die "option --extra needs a value"
+                 read -r -a words <<< "$2"; EXTRA+=("${words[@]}"); shift 2 ;;
+        *) die "unknown option '$1' (see --help)" ;;
+    esac
+done
+
+case "$BENCHMARK" in
+    iwslt14) SRC=de; TGT=en; D_BEAM=5; D_LENPEN=1.0; D_CKPT=best; D_AVG=0; REMOVE_BPE=(--remove-bpe) ;;
+    wmt14)   SRC=en; TGT=de; D_BEAM=4; D_LENPEN=0.6; D_CKPT=last; D_AVG=10; REMOVE_BPE=(--remove-bpe) ;;
+    opus100) SRC=""; TGT=""; D_BEAM=4; D_LENPEN=0.6; D_CKPT=last; D_AVG=0; REMOVE_BPE=(--remove-bpe sentencepiece) ;;
+    "") die "--benchmark is required: iwslt14, wmt14 or opus100" ;;
+    *) die "unknown --benchmark '$BENCHMARK': choose iwslt14, wmt14 or opus100" ;;
+esac
+SRC="${SRC_OPT:-$SRC}"
+TGT="${TGT_OPT:-$TGT}"
+[[ -n "$RUN_DIR" && -d "$RUN_DIR" ]] || die "--run-dir must be an existing run directory, got '$RUN_DIR'"
+[[ -n "$DATA" && -d "$DATA" ]] || die "--data must be the binarized data directory, got '$DATA'"
+BEAM="${BEAM:-$D_BEAM}"
+LENPEN="${LENPEN:-$D_LENPEN}"
+if [[ -n "$CHECKPOINT" && -z "$AVERAGE" ]]; then AVERAGE=0; fi
+AVERAGE="${AVERAGE:-$D_AVG}"
+CHECKPOINT="${CHECKPOINT:-$D_CKPT}"
+[[ "$AVERAGE" =~ ^[0-9]+$ ]] || die "--average must be a non-negative integer, got '$AVERAGE'"
+
+PYTHON="${PYTHON:-python}"
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+command -v fairseq-generate >/dev/null 2>&1 \
+    || die "'fairseq-generate' not on PATH (activate the environment where fairseq is installed)"
+RUN_DIR="$(cd "$RUN_DIR" && pwd)"
+DATA="$(cd "$DATA" && pwd)"
+EVAL_DIR="$RUN_DIR/eval"
+OUT="${OUT:-$EVAL_DIR/$SUBSET.json}"
+mkdir -p "$EVAL_DIR"
+
+# ---- 1. checkpoint ---------------------------------------------------------------------------
+AVERAGED_JSON=null
+if (( AVERAGE > 0 )); then
+    CKPT="$EVAL_DIR/checkpoint_avg_last$AVERAGE.pt"
+    log "averaging the last $AVERAGE checkpoints of $RUN_DIR"
+    "$PYTHON" "$SCRIPT_DIR/average_checkpoints.py" --inputs "$RUN_DIR" --num-checkpoints "$AVERAGE" \
+        --output "$CKPT" --user-dir "$USER_DIR" > "$EVAL_DIR/average.log" \
+        || die "checkpoint averaging failed"
+    cat "$EVAL_DIR/average.log" >&2
+    AVERAGED_JSON="$(grep '^  ' "$EVAL_DIR/average.log" | "$PYTHON" -c \
+        'import json,sys; print(json.dumps([l.strip() for l in sys.stdin]))')"
+else
+    case "$CHECKPOINT" in
+        best|last) CKPT="$RUN_DIR/checkpoint_$CHECKPOINT.pt" ;;
+        *) CKPT="$CHECKPOINT" ;;
+    esac
+fi
+[[ -f "$CKPT" ]] || die "checkpoint $CKPT not found (did training finish? see $RUN_DIR/train.log)"
+
+count_sentences() {  # count_sentences PREFIX: sentences in a binarized split (empty if unknown)
+    "$PYTHON" - "$1" <<'EOF' 2>/dev/null
+import struct, sys
+prefix = sys.argv[1]
+with open(prefix + ".idx", "rb") as f:
+    head = f.read(26)
+if head[:9] == b"MMIDIDX\x00\x00":  # fairseq's mmap index: magic, version <Q, dtype <B, count <Q
+    print(struct.unpack("<Q", head[18:26])[0])
+else:
+    from fairseq.data import data_utils
+    print(len(data_utils.load_indexed_dataset(prefix, None)))
+EOF
+}
+
+GEN_COMMON=(--user-dir "$USER_DIR" --path "$CKPT" --gen-subset "$SUBSET"
+    --beam "$BEAM" --lenpen "$LENPEN" --max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B"
+    --batch-size "$BATCH_SIZE" --required-batch-size-multiple 1 "${REMOVE_BPE[@]}"
+    "${CPU[@]+"${CPU[@]}"}")
+
+generate() {  # generate OUTFILE ARGS...: fairseq-generate, stdout to OUTFILE
+    local out=$1; shift
+    log "fairseq-generate -> $out"
+    fairseq-generate "$DATA" "${GEN_COMMON[@]}" "$@" "${EXTRA[@]+"${EXTRA[@]}"}" \
+        > "$out" 2> "$out.log" || { tail -20 "$out.log" >&2; die "fairseq-generate failed (log: $out.log)"; }
+}
+
+run_name="$(basename "$RUN_DIR")"
+META="$("$PYTHON" - "$BENCHMARK" "$RUN_DIR" "$run_name" "$CKPT" "$AVERAGED_JSON" "$SUBSET" \
+    "$BEAM" "$LENPEN" "$MAX_LEN_A" "$MAX_LEN_B" "$DATA" <<'EOF'
+import json, re, sys
+bench, run_dir, name, ckpt, averaged, subset, beam, lenpen, a, b, data = sys.argv[1:]
+m = re.match(r"^(post_ln|pre_ln|resi_dual)-(\d+)L-seed(\d+)$", name)
+run = {"scheme": m.group(1), "layers": int(m.group(2)), "seed": int(m.group(3))} if m else None
+print(json.dumps({
+    "benchmark": bench, "run_dir": run_dir, "run": run, "data": data,
+    "checkpoint": {"path": ckpt, "averaged": json.loads(averaged)},
+    "subset": subset,
+    "generation": {"beam": int(beam), "lenpen": float(lenpen), "max_len_a": float(a),
+                   "max_len_b": int(b), "required_batch_size_multiple": 1},
+}))
+EOF
+)"
+
+# ---- 2 + 3. generate and score -----------------------------------------------------------------
+if [[ $BENCHMARK != opus100 ]]; then
+    GEN="$EVAL_DIR/generate-$SUBSET.txt"
+    generate "$GEN" --source-lang "$SRC" --target-lang "$TGT"
+    EXPECT="$(count_sentences "$DATA/$SUBSET.$SRC-$TGT.$SRC")"
+    SCORE_ARGS=(--benchmark "$BENCHMARK" --generate "$GEN" --target-lang "$TGT")
+    [[ -n "$EXPECT" ]] && SCORE_ARGS+=(--expect "$EXPECT")
+    if [[ $BENCHMARK == wmt14 ]]; then
+        if [[ -z "$RAW_REF" ]]; then
+            year=2014; [[ $SUBSET == test1 ]] && year=2013
+            RAW_REF="$(dirname "$DATA")/raw/newstest$year.$TGT"
+        fi
+        [[ -f "$RAW_REF" ]] || die "raw reference $RAW_REF not found: sacreBLEU needs the detokenized" \
+            "reference (scripts/prepare-wmt14-en-de.sh writes OUT/raw/newstest2014.de); pass --raw-ref FILE"
+        SCORE_ARGS+=(--raw-ref "$RAW_REF")
+    fi
+else
+    for f in langs lang_pairs; do
+        [[ -f "$DATA/$f.txt" ]] || die "$DATA/$f.txt not found (scripts/prepare-opus100.sh writes it)"
+    done
+    LANGS="$(tr -d ' \n' < "$DATA/langs.txt")"
+    PAIRS="$(tr -d ' \n' < "$DATA/lang_pairs.txt")"
+    RAW_DIR="${RAW_DIR:-$(dirname "$DATA")/raw}"
+    DIRECTIONS="${DIRECTIONS:-$PAIRS}"
+    GEN_FILES=(); DIRS=(); RAWS=(); EXPECTS=()
+    for d in ${DIRECTIONS//,/ }; do
+        s="${d%-*}"; t="${d#*-}"
+        [[ "$d" == *-* && -n "$s" && -n "$t" && "$s" != "$t" ]] || die "bad direction '$d' (SRC-TGT)"
+        # prepare-opus100.sh binarizes every pair as en-xx; fairseq reads xx-en from the same files
+        if [[ -f "$DATA/$SUBSET.$s-$t.$s.idx" ]]; then pair="$s-$t"; first=$s
+        elif [[ -f "$DATA/$SUBSET.$t-$s.$t.idx" ]]; then pair="$t-$s"; first=$t
+        else log "no $SUBSET data for $d: skipped"; continue; fi
+        GEN="$EVAL_DIR/generate-$SUBSET.$d.txt"
+        generate "$GEN" --task translation_multi_simple_epoch --langs "$LANGS" --lang-pairs "$PAIRS" \
+            --source-lang "$s" --target-lang "$t" --encoder-langtok tgt \
+            --max-source-positions 256 --max-target-positions 256 --truncate-source \
+            --skip-invalid-size-inputs-valid-test
+        GEN_FILES+=("$GEN"); DIRS+=("$d")
+        raw="$RAW_DIR/$SUBSET.$pair.$t"
+        if [[ -f "$raw" ]]; then RAWS+=("$raw"); else
+            log "WARNING: no raw reference $raw: scoring against the T- lines"; RAWS+=(-); fi
+        EXPECTS+=("$(count_sentences "$DATA/$SUBSET.$pair.$first")")
+    done
+    (( ${#DIRS[@]} > 0 )) || die "no direction to evaluate"
+    SCORE_ARGS=(--benchmark opus100 --generate "${GEN_FILES[@]}" --directions "${DIRS[@]}"
+                --raw-ref "${RAWS[@]}")
+    [[ " ${EXPECTS[*]} " == *"  "* ]] || SCORE_ARGS+=(--expect "${EXPECTS[@]}")
+fi
+
+"$PYTHON" "$SCRIPT_DIR/score_bleu.py" "${SCORE_ARGS[@]}" --meta "$META" --out "$OUT"
+log "results: $OUT"

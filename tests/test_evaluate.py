@@ -1,0 +1,297 @@
+"""scripts/evaluate.sh, score_bleu.py, average_checkpoints.py and collect_results.py.
+
+A tiny model is trained once (scripts/train.sh, IWSLT14 config shrunk to the tiny preset, CPU) and
+evaluated the IWSLT14 way and the WMT14 way (with checkpoint averaging); a tiny multilingual model
+is evaluated the OPUS-100 way. Every score must equal sacreBLEU called directly on the same
+fairseq-generate output; the scorer itself is also checked on hand-made generate output, and
+collect_results on synthetic run directories with diverged runs.
+"""
+import importlib.util
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+
+import pytest
+import torch
+from sacrebleu.metrics import BLEU
+from sacremoses import MosesDetokenizer
+
+from bench_helpers import (
+    SCRIPTS, TINY_TRAIN, TINY_TRANSLATION, generate_lines, multilingual_data_bin, run_script,
+)
+from conftest import cli_env
+
+EVALUATE = SCRIPTS / "evaluate.sh"
+TRAIN = SCRIPTS / "train.sh"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+score_bleu = _load("score_bleu")
+average_checkpoints = _load("average_checkpoints")
+collect_results = _load("collect_results")
+
+
+def sacrebleu_direct(hyps, refs, **kwargs):
+    return BLEU(**kwargs).corpus_score(hyps, [refs])
+
+
+def ordered_pairs(gen_file):
+    hyps, refs = generate_lines(gen_file, "H"), generate_lines(gen_file, "T")
+    ids = sorted(hyps)
+    return [hyps[i] for i in ids], [refs[i] for i in ids]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tiny_data_bin, tmp_path_factory):
+    """A tiny model trained for 24 updates (3 per epoch, last 3 epoch checkpoints kept)."""
+    raw, data_bin = tiny_data_bin
+    root = tmp_path_factory.mktemp("eval_runs")
+    run_script([TRAIN, "--benchmark", "iwslt14", "--data", data_bin, "--save-root", root, "--layers", "2",
+                "--seed", "1", "--cpu", "--max-tokens", "1024", "--update-freq", "1",
+                "--extra", " ".join(TINY_TRANSLATION + [
+                    "task.source_lang=src", "task.target_lang=tgt", "optimization.max_update=24",
+                    "dataset.disable_validation=true", "checkpoint.keep_last_epochs=3",
+                    "common.log_interval=100"])], timeout=400)
+    return raw, data_bin, root / "iwslt14" / "resi_dual-2L-seed1"
+
+
+def test_evaluate_iwslt14_tokenized_bleu(trained_run):
+    raw, data_bin, run_dir = trained_run
+    run_script([EVALUATE, "--benchmark", "iwslt14", "--run-dir", run_dir, "--data", data_bin,
+                "--source-lang", "src", "--target-lang", "tgt", "--checkpoint", "last", "--cpu",
+                "--batch-size", "5"], timeout=300)
+    result = json.loads((run_dir / "eval" / "test.json").read_text())
+    gen = run_dir / "eval" / "generate-test.txt"
+    hyps, refs = ordered_pairs(gen)
+    n_test = len((raw / "test.tgt").read_text().splitlines())
+    # --batch-size 5 with 24 sentences: a last batch of 4, which fairseq would drop with its
+    # default --required-batch-size-multiple 8
+    assert len(hyps) == n_test == result["num_sentences"] == 24
+    direct = sacrebleu_direct(hyps, refs, tokenize="none", lowercase=True)
+    got = result["metrics"]["tokenized_bleu"]
+    assert got["score"] == pytest.approx(direct.score, abs=1e-9)
+    assert (got["sys_len"], got["ref_len"]) == (direct.sys_len, direct.ref_len)
+    assert "tok:none" in got["signature"] and "case:lc" in got["signature"]
+    # fairseq-generate's own scorer sees the same tokens and n-gram matches (the tiny model's BLEU
+    # itself is ~0: it has learned unigrams and some bigrams)
+    m = re.search(r"BLEU4 = [\d.]+, ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) .*syslen=(\d+), reflen=(\d+)",
+                  result["fairseq_generate_bleu"])
+    assert (int(m.group(5)), int(m.group(6))) == (direct.sys_len, direct.ref_len)
+    assert [float(m.group(i)) for i in range(1, 5)] == pytest.approx(direct.precisions, abs=0.051)
+    assert direct.precisions[0] > 0
+    assert result["run"] == {"scheme": "resi_dual", "layers": 2, "seed": 1}
+    assert result["generation"]["beam"] == 5 and result["generation"]["required_batch_size_multiple"] == 1
+    assert result["checkpoint"]["path"].endswith("checkpoint_last.pt")
+
+
+def test_evaluate_wmt14_with_checkpoint_averaging(trained_run, tmp_path):
+    raw, data_bin, run_dir = trained_run
+    out = tmp_path / "wmt.json"
+    run_script([EVALUATE, "--benchmark", "wmt14", "--run-dir", run_dir, "--data", data_bin,
+                "--source-lang", "src", "--target-lang", "tgt", "--average", "3", "--cpu",
+                "--raw-ref", raw / "test.tgt", "--out", out], timeout=300)
+    result = json.loads(out.read_text())
+    averaged = result["checkpoint"]["averaged"]
+    assert [p.rsplit("/", 1)[1] for p in averaged] == ["checkpoint6.pt", "checkpoint7.pt", "checkpoint8.pt"]
+    hyps, refs = ordered_pairs(run_dir / "eval" / "generate-test.txt")
+    split = [re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", x) for x in hyps + refs]
+    direct = sacrebleu_direct(split[:len(hyps)], split[len(hyps):], tokenize="none")
+    assert result["metrics"]["tokenized_bleu_compound_split"]["score"] == pytest.approx(direct.score, abs=1e-9)
+    md = MosesDetokenizer(lang="tgt")
+    raw_refs = (raw / "test.tgt").read_text().splitlines()
+    direct = sacrebleu_direct([md.detokenize(h.split()) for h in hyps], raw_refs)
+    sacre = result["metrics"]["sacrebleu"]
+    assert sacre["score"] == pytest.approx(direct.score, abs=1e-9)
+    assert "tok:13a" in sacre["signature"] and "case:mixed" in sacre["signature"]
+    assert result["primary_metric"] == "sacrebleu"
+    for name, metric in result["metrics"].items():
+        assert metric["description"] and metric["signature"], name
+
+
+def test_average_checkpoints_is_the_mean(trained_run, tmp_path):
+    _, _, run_dir = trained_run
+    paths = average_checkpoints.last_n_checkpoints(run_dir, 2, "epoch")
+    assert [p.rsplit("/", 1)[1] for p in paths] == ["checkpoint7.pt", "checkpoint8.pt"]
+    out = tmp_path / "avg.pt"
+    subprocess.run([sys.executable, SCRIPTS / "average_checkpoints.py", "--inputs", run_dir,
+                    "--num-epoch-checkpoints", "2", "--output", out], check=True, env=cli_env(),
+                   capture_output=True)
+    import fairseq_residual  # noqa: F401  (weights_only allow-list)
+
+    a, b, avg = (torch.load(p, map_location="cpu") for p in (*paths, out))
+    for k, v in avg["model"].items():
+        if v.is_floating_point():
+            torch.testing.assert_close(v, (a["model"][k].double() + b["model"][k].double()).div(2).float())
+        else:
+            assert torch.equal(v, b["model"][k])
+    assert int(avg["model"]["encoder.residual_scheme_id"]) == 2  # resi_dual
+    assert "last_optimizer_state" not in avg and avg["cfg"] == b["cfg"]
+    with pytest.raises(FileNotFoundError, match="needs 9"):
+        average_checkpoints.last_n_checkpoints(run_dir, 9, "epoch")
+
+
+def test_evaluate_opus100_per_direction(tmp_path_factory, tmp_path):
+    data_bin = multilingual_data_bin(tmp_path_factory)
+    run_script([TRAIN, "--benchmark", "opus100", "--data", data_bin, "--save-root", tmp_path,
+                "--layers", "2", "--cpu", "--max-tokens", "1024", "--update-freq", "1",
+                "--extra", " ".join(TINY_TRAIN + ["optimization.max_update=12",
+                                                  "checkpoint.save_interval_updates=6"])], timeout=400)
+    run_dir = tmp_path / "opus100" / "resi_dual-2L-seed1"
+    run_script([EVALUATE, "--benchmark", "opus100", "--run-dir", run_dir, "--data", data_bin,
+                "--directions", "en-de,nl-en", "--cpu"], timeout=300)
+    result = json.loads((run_dir / "eval" / "test.json").read_text())
+    raw_dir = data_bin.parent / "raw"
+    assert set(result["per_direction"]) == {"en-de", "nl-en"}
+    for direction, ref_file in (("en-de", "test.en-de.de"), ("nl-en", "test.en-nl.en")):
+        hyps, _ = ordered_pairs(run_dir / "eval" / f"generate-test.{direction}.txt")
+        refs = (raw_dir / ref_file).read_text().splitlines()
+        assert len(hyps) == len(refs) == 21
+        direct = sacrebleu_direct(hyps, refs)
+        got = result["per_direction"][direction]
+        assert got["score"] == pytest.approx(direct.score, abs=1e-9) and got["missing"] == 0
+    metrics = result["metrics"]
+    assert metrics["sacrebleu_en_xx_avg"]["score"] == result["per_direction"]["en-de"]["score"]
+    assert metrics["sacrebleu_xx_en_avg"]["score"] == result["per_direction"]["nl-en"]["score"]
+
+
+# ---- the scorer on hand-made fairseq-generate output -------------------------------------------
+
+HYPS = ["the cat sat on the mat .", "a well @-@ known state-of-the-art system x-y-z", "it &apos;s fine , right ?",
+        "das ist gut", ""]
+REFS = ["the cat sat on a mat .", "a well @-@ known state-of-the-art model", "it &apos;s fine , isn &apos;t it ?",
+        "das ist sehr gut", "empty hypothesis here"]
+
+
+def write_generate(path, hyps, refs, skip=()):
+    lines = []
+    for i in reversed(range(len(hyps))):  # fairseq-generate prints in batch order, not id order
+        if i in skip:
+            continue
+        lines += [f"S-{i}\tsource {i}", f"T-{i}\t{refs[i]}", f"H-{i}\t-0.5\t{hyps[i]}",
+                  f"D-{i}\t-0.5\t{hyps[i]}", f"P-{i}\t-0.1 -0.2"]
+    lines.append("Generate test with beam=5: BLEU4 = 12.34, 50.0/20.0/10.0/5.0 (BP=1.000, ratio=1.0, syslen=10, reflen=10)")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_score_bleu_matches_sacrebleu(tmp_path):
+    gen = write_generate(tmp_path / "gen.txt", HYPS, REFS)
+    raw = tmp_path / "ref.detok"
+    md = MosesDetokenizer(lang="en")
+    raw.write_text("\n".join(md.detokenize(r.split()) for r in REFS) + "\n")
+
+    iwslt = score_bleu.main(["--benchmark", "iwslt14", "--generate", str(gen), "--target-lang", "en",
+                             "--expect", "5", "--out", str(tmp_path / "i.json")])
+    direct = sacrebleu_direct(HYPS, REFS, tokenize="none", lowercase=True)
+    assert iwslt["metrics"]["tokenized_bleu"]["score"] == pytest.approx(direct.score, abs=1e-9)
+    assert 10 < direct.score < 90
+    assert iwslt["fairseq_generate_bleu"].startswith("Generate test with beam=5: BLEU4 = 12.34")
+
+    wmt = score_bleu.main(["--benchmark", "wmt14", "--generate", str(gen), "--target-lang", "en",
+                           "--raw-ref", str(raw), "--out", str(tmp_path / "w.json")])
+    # fairseq's compound_split_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'
+    assert score_bleu.compound_split("state-of-the-art x-y-z") == \
+        "state ##AT##-##AT## of ##AT##-##AT## the ##AT##-##AT## art x ##AT##-##AT## y-z"
+    if shutil.which("perl"):
+        perl = subprocess.run(["perl", "-ple", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"],
+                              input="\n".join(HYPS + REFS) + "\n", capture_output=True, text=True).stdout
+        split = perl.splitlines()
+        assert split == [score_bleu.compound_split(x) for x in HYPS + REFS]
+    else:
+        split = [score_bleu.compound_split(x) for x in HYPS + REFS]
+    direct = sacrebleu_direct(split[:5], split[5:], tokenize="none")
+    assert wmt["metrics"]["tokenized_bleu_compound_split"]["score"] == pytest.approx(direct.score, abs=1e-9)
+    detok = [md.detokenize(h.split()) for h in HYPS]
+    assert detok[1] == "a well-known state-of-the-art system x-y-z" and detok[2] == "it's fine, right?"
+    direct = sacrebleu_direct(detok, raw.read_text().splitlines())
+    assert wmt["metrics"]["sacrebleu"]["score"] == pytest.approx(direct.score, abs=1e-9)
+    # scoring detokenized text against tokenized references would give another number
+    assert direct.score != pytest.approx(sacrebleu_direct(detok, REFS).score)
+
+
+def test_score_bleu_refuses_dropped_sentences(tmp_path):
+    gen = write_generate(tmp_path / "gen.txt", HYPS, REFS, skip={4})
+    with pytest.raises(score_bleu.GenerateOutputError, match="--required-batch-size-multiple 1"):
+        score_bleu.main(["--benchmark", "iwslt14", "--generate", str(gen), "--expect", "5",
+                         "--out", str(tmp_path / "x.json")])
+    # OPUS-100: sentences skipped as too long count as empty hypotheses
+    raw = tmp_path / "raw"
+    raw.write_text("\n".join(REFS) + "\n")
+    res = score_bleu.main(["--benchmark", "opus100", "--generate", str(gen), "--directions", "de-en",
+                           "--raw-ref", str(raw), "--expect", "5", "--out", str(tmp_path / "o.json")])
+    d = res["per_direction"]["de-en"]
+    assert d["missing"] == 1 and d["num_sentences"] == 5
+    assert d["score"] == pytest.approx(sacrebleu_direct(HYPS[:4] + [""], REFS).score, abs=1e-9)
+
+
+# ---- collect_results --------------------------------------------------------------------------
+
+def make_run(root, name, score=None, log="", checkpoint=True, metric="tokenized_bleu"):
+    run = root / "iwslt14" / name
+    run.mkdir(parents=True)
+    (run / "train.log").write_text(log)
+    if checkpoint:
+        (run / "checkpoint_last.pt").write_bytes(b"")
+    if score is not None:
+        (run / "eval").mkdir()
+        (run / "eval" / "test.json").write_text(json.dumps({
+            "metrics": {metric: {"score": score, "signature": "nrefs:1|case:lc|tok:none",
+                                 "description": "tokenized lowercased BLEU"}},
+            "primary_metric": metric}))
+    return run
+
+
+def test_collect_results_table_keeps_diverged_runs(tmp_path):
+    done = "[fairseq_cli.train][INFO] - done training in 100.0 seconds\n"
+    for seed, s in zip((1, 2, 3), (35.0, 35.5, 36.1)):
+        make_run(tmp_path, f"post_ln-6L-seed{seed}", s, done)
+    make_run(tmp_path, "resi_dual-6L-seed1", 36.0, done)
+    make_run(tmp_path, "resi_dual-6L-seed2", 36.4, done)
+    make_run(tmp_path, "resi_dual-6L-seed3", None,
+             "[fairseq.trainer][INFO] - NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 0.5\n"
+             "FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding.\n")
+    make_run(tmp_path, "post_ln-12L-seed1", 5.0,
+             "[train_inner][INFO] - epoch 003:  50 / 1100 loss=nan, nll_loss=nan, ppl=nan, wps=1\n" + done)
+    make_run(tmp_path, "post_ln-12L-seed2", None,
+             "[train][INFO] - epoch 001 | loss 9.1\nTraceback (most recent call last):\n  ...\n"
+             "RuntimeError: CUDA error\n", checkpoint=False)
+    make_run(tmp_path, "pre_ln-12L-seed1", 34.9, "| epoch 001 | loss 7.2 | nll_loss 6.1\n" + done)
+    make_run(tmp_path, "pre_ln-6L-seed1", None, "[train_inner][INFO] - epoch 001: loss=9.1\n")  # running
+
+    by_bench = collect_results.find_runs([str(tmp_path)])
+    status = {r["run_dir"].rsplit("/", 1)[1]: r["status"] for r in by_bench["iwslt14"]}
+    assert status == {
+        "post_ln-6L-seed1": "ok", "post_ln-6L-seed2": "ok", "post_ln-6L-seed3": "ok",
+        "resi_dual-6L-seed1": "ok", "resi_dual-6L-seed2": "ok", "resi_dual-6L-seed3": "diverged",
+        "post_ln-12L-seed1": "diverged", "post_ln-12L-seed2": "diverged",
+        "pre_ln-12L-seed1": "ok", "pre_ln-6L-seed1": "incomplete",
+    }
+    md_file = tmp_path / "table.md"
+    collect_results.main([str(tmp_path / "iwslt14"), "--seeds", "1,2,3", "--out", str(md_file),
+                          "--json", str(tmp_path / "runs.json")])
+    text = md_file.read_text()
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| ") and "scheme" not in line}
+    assert text.count("| scheme | 6+6 layers | 12+12 layers |") == 1
+    post = [35.0, 35.5, 36.1]
+    assert rows["Post-LN"] == [f"{statistics.mean(post):.2f} ± {statistics.stdev(post):.2f}",
+                               "diverged (2/3)"]
+    resi = [36.0, 36.4]
+    assert rows["ResiDual"][0] == (f"{statistics.mean(resi):.2f} ± {statistics.stdev(resi):.2f} "
+                                   f"(n=2; 1/3 diverged)")
+    assert rows["ResiDual"][1] == "–"
+    assert rows["Pre-LN"] == ["incomplete", "34.90 (n=1; 2/3 incomplete)"]
+    assert list(rows) == ["Post-LN", "Pre-LN", "ResiDual"]
+    assert "Minimum loss scale reached" in text and "crashed without a final checkpoint" in text
+    assert "nan/inf loss" in text
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    assert len(runs["iwslt14"]) == 10
