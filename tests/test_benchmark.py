@@ -1,0 +1,94 @@
+"""Smoke test of the benchmark harness ``scripts/benchmark.py`` (issue #6).
+
+Runs the real script on the ``tiny`` shape (2+2 layers, width 64) with one repetition and checks the
+JSON it writes: every model present, positive throughputs and memory, the ratios and goals of the
+plugin models against the right stock baselines. No timing assertions: the machine is shared.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "benchmark.py")
+
+MODELS = ("transformer_post_ln", "transformer_pre_ln", "post_ln", "pre_ln", "resi_dual")
+BASELINES = {"post_ln": "transformer_post_ln", "pre_ln": "transformer_pre_ln",
+             "resi_dual": "transformer_post_ln"}
+
+
+def _positive(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "results.json"
+    cmd = [
+        sys.executable, SCRIPT, "--device", "cpu", "--shapes", "tiny", "--repeats", "1",
+        "--warmup", "0", "--threads", "1", "--batch-tokens", "128", "--gen-sentences", "2",
+        "--gen-len", "4", "--out", str(out),
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out) as f:
+        return json.load(f), proc.stdout
+
+
+def test_json_has_every_model_with_positive_numbers(run):
+    results, _ = run
+    meta = results["meta"]
+    assert meta["device"] == "cpu" and meta["dtype"] == "fp32" and meta["threads"] == 1
+    assert meta["complete"] is True
+    assert "profiler" in meta["memory_measure"]  # says what the CPU memory number is
+    assert list(results["shapes"]) == ["tiny"]
+    res = results["shapes"]["tiny"]
+    assert set(res["models"]) == set(MODELS)
+    assert res["batch"]["target_tokens"] > 0 and res["generation"]["beam"] == 5
+    for name, m in res["models"].items():
+        assert m["params"] > 0, name
+        for key in ("train_tokens_per_s", "train_tokens_per_s_wall", "gen_sentences_per_s",
+                    "gen_sentences_per_s_wall", "peak_train_mem_bytes"):
+            assert m[key]["n"] == 1, (name, key)
+            assert _positive(m[key]["median"]), (name, key, m[key])
+            assert all(_positive(v) for v in m["samples"][key]), (name, key)
+        # memory = parameters + Adam state (3 x 4 bytes per parameter) + the step's peak
+        assert m["peak_train_mem_bytes"]["median"] > 12 * m["params"], name
+
+
+def test_models_are_the_right_ones(run):
+    res = run[0]["shapes"]["tiny"]["models"]
+    assert res["transformer_post_ln"]["arch"] == "transformer"
+    assert res["transformer_post_ln"]["normalize_before"] is False
+    assert res["transformer_pre_ln"]["normalize_before"] is True
+    for scheme in ("post_ln", "pre_ln", "resi_dual"):
+        assert res[scheme]["arch"] == "residual_transformer"
+        assert res[scheme]["residual_scheme"] == scheme
+    assert res["resi_dual"]["resi_dual_scale"] == 1.0
+    # same shape: post_ln has stock Post-LN's parameters; pre_ln and resi_dual add the two final LNs
+    assert res["post_ln"]["params"] == res["transformer_post_ln"]["params"]
+    assert res["pre_ln"]["params"] == res["transformer_pre_ln"]["params"]
+    assert res["resi_dual"]["params"] == res["transformer_post_ln"]["params"] + 2 * 2 * 64
+
+
+def test_ratios_and_goals(run):
+    results, stdout = run
+    res = results["shapes"]["tiny"]
+    assert set(res["ratios"]) == set(BASELINES)
+    for name, base in BASELINES.items():
+        r = res["ratios"][name]
+        assert r["baseline"] == base
+        for metric in ("train", "memory", "generate"):
+            assert _positive(r[metric]["paired_median"]) and _positive(r[metric]["of_medians"])
+            goal = res["goals"][name][metric]
+            assert goal["met"] in (True, False) and goal["value"] == r[metric]["paired_median"]
+    assert res["goals"]["resi_dual"]["train"]["target"] == 0.97
+    assert res["goals"]["post_ln"]["train"]["target"] == 0.99
+    assert res["goals"]["pre_ln"]["memory"]["target"] == 1.05
+    assert set(res["aa_noise"]) == {"train", "generate"}
+    # the printed table has one row per model
+    for name in MODELS:
+        assert f"tiny     {name} " in stdout
