@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# German->English demo (Post-LN vs Pre-LN vs ResiDual on the Ding corpus): a thin wrapper around
+# scripts/demo.py, which does the work. `make demo` and `make demo-long` call it with the project's
+# .venv/bin first on PATH. Run with --help for the options.
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PYTHON="${PYTHON:-python3}"
+
+if ! command -v fairseq-train >/dev/null 2>&1; then
+    echo "ERROR: fairseq-train is not on PATH; run 'make demo' (it installs .venv), or put the" \
+         "project's virtual environment first: PATH=.venv/bin:\$PATH bash $0 $*" >&2
+    exit 2
+fi
+
+# -u: unbuffered, so fairseq's progress lines appear as they come
+exec "$PYTHON" -u "$SCRIPT_DIR/demo.py" "$@"

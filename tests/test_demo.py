@@ -1,0 +1,220 @@
+"""Tests for the German->English demo (scripts/run_demo.sh -> scripts/demo.py).
+
+One shortened demo run goes through the real entry point and the real fairseq CLIs: one scheme
+(ResiDual), a tiny model (2+2 layers, width 32), 5 updates, the first 100 pairs of each split of the
+shipped corpus, into a temporary folder. The tests then check its outputs, that a second run reuses
+every finished step, that the printed fairseq-interactive line works, and that a missing or corrupt
+corpus file stops the demo with an error naming the file. The untrained model's translations are
+garbage; only their format and the scores' ranges are checked.
+"""
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENTRY = os.path.join(ROOT, "scripts", "run_demo.sh")
+DATA = os.path.join(ROOT, "data", "ding-de-en")
+ARGS = ["--schemes", "resi_dual", "--max-update", "5", "--tiny", "--subset", "100"]
+
+
+def _load_demo():
+    spec = importlib.util.spec_from_file_location("demo", os.path.join(ROOT, "scripts", "demo.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+demo = _load_demo()
+
+
+def _env():
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["PYTHON"] = sys.executable
+    return env
+
+
+def run_demo(*args, cwd=ROOT):
+    return subprocess.run(["bash", ENTRY, *args], cwd=cwd, env=_env(), capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "out"
+    proc = run_demo(*ARGS, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc
+
+
+def test_results_table_json_plot_examples(demo_run):
+    out, proc = demo_run
+    res = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert list(res["schemes"]) == ["resi_dual"]
+    r = res["schemes"]["resi_dual"]
+    assert 0.0 <= r["bleu"] <= 100.0 and 0.0 <= r["chrf"] <= 100.0
+    assert r["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert "chrF" not in r["bleu_signature"] and r["chrf_signature"].startswith("nrefs:1")
+    assert math.isfinite(r["best_valid_loss"]) and 0 < r["best_valid_loss"] < 20  # bits / token
+    assert r["updates"] == 5 and r["best_valid_update"] == 5
+    assert r["params"] > 0 and r["train_time_s"] > 0
+    # tiny preset: 2+2 layers, width 32, ffn 64, shared embeddings of the joint vocabulary
+    assert res["settings"]["layers"] == 2 and res["settings"]["embed_dim"] == 32
+    # the loss curves behind the plot: every logged update (log interval 1), finite losses
+    curves = demo.parse_train_log(str(out / "runs" / "resi_dual" / "train.log"))
+    assert [u for u, _ in curves["train"]] == [1, 2, 3, 4, 5]
+    assert all(math.isfinite(loss) for _, loss in curves["train"])
+    assert curves["params"] == r["params"]
+
+    assert len(res["examples"]) == 5
+    src = (out / "data" / "raw" / "test.de").read_text(encoding="utf-8").splitlines()
+    ref = (out / "data" / "raw" / "test.en").read_text(encoding="utf-8").splitlines()
+    assert len(src) == len(ref) == 100  # --subset 100
+    for i, ex in enumerate(res["examples"]):
+        assert ex["source"] == src[i] and ex["reference"] == ref[i]
+        assert set(ex["hypotheses"]) == {"resi_dual"}
+    hyps = (out / "runs" / "resi_dual" / "hyp.test.en").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == 100  # no sentence dropped (--required-batch-size-multiple 1)
+    assert all("\u2581" not in h for h in hyps)  # sentencepiece pieces decoded
+
+    md = (out / "results.md").read_text(encoding="utf-8")
+    assert "| scheme | BLEU | chrF | best valid loss | parameters |" in md
+    assert f"| ResiDual | {r['bleu']:.2f} | {r['chrf']:.2f} |" in md
+    assert f"{r['params']:,}" in md and "fairseq-interactive" in md
+    assert (out / "examples.md").read_text(encoding="utf-8").count("**source:**") == 5
+
+    png = (out / "loss_curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+    # fairseq's progress lines reach the terminal, prefixed with the scheme
+    assert '[resi_dual] ' in proc.stdout and '| train_inner | {"epoch": 1' in proc.stdout
+    assert "BLEU signature: nrefs:1" in proc.stdout
+
+
+def test_printed_interactive_command_translates(demo_run):
+    out, proc = demo_run
+    res = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    inter = res["interactive"]
+    assert inter["translation"].strip()  # the demo ran it once itself
+    cmd = inter["command"]
+    assert cmd in proc.stdout
+    for flag in ("--user-dir", "--path", "--bpe sentencepiece", "--sentencepiece-model",
+                 "--required-batch-size-multiple 1", "--beam 5"):
+        assert flag in cmd
+    # run the printed line as a user would (from the repository root), on another sentence
+    line = cmd.replace(demo.INTERACTIVE_SENTENCE, "Das Haus ist groß.")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", line], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].strip() and "\u2581" not in lines[0]
+
+
+def test_rerun_reuses_finished_steps(demo_run):
+    out, first = demo_run
+    before = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    ckpt = out / "runs" / "resi_dual" / "checkpoint_last.pt"
+    mtime = ckpt.stat().st_mtime_ns
+    proc = run_demo(*ARGS, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for what in ("data: reusing", "train resi_dual: reusing", "translate resi_dual: reusing",
+                 "interactive: reusing"):
+        assert what in proc.stdout
+    assert "fairseq-train " not in proc.stdout and "fairseq-generate " not in proc.stdout
+    assert ckpt.stat().st_mtime_ns == mtime
+    after = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert after["schemes"]["resi_dual"]["bleu"] == before["schemes"]["resi_dual"]["bleu"]
+    assert after["demo_wall_s"] < before["demo_wall_s"] / 3
+
+    # other settings for a finished run: an error naming the folder, not a silent retrain
+    proc = run_demo("--schemes", "resi_dual", "--max-update", "4", "--tiny", "--subset", "100",
+                    "--out", str(out))
+    assert proc.returncode == 2
+    assert "runs/resi_dual" in proc.stderr and "max_update: 5 -> 4" in proc.stderr
+    assert "--overwrite" in proc.stderr
+
+
+def _corpus_copy(tmp_path):
+    data = tmp_path / "corpus"
+    shutil.copytree(DATA, data, ignore=shutil.ignore_patterns("README*"))
+    return data
+
+
+def test_missing_data_file_names_it(tmp_path):
+    data = _corpus_copy(tmp_path)
+    (data / "test.en").unlink()
+    proc = run_demo(*ARGS, "--data", str(data), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert "missing data file" in proc.stderr and str(data / "test.en") in proc.stderr
+    assert not (tmp_path / "out" / "data").exists()  # stopped before any work
+
+
+def test_corrupt_data_files_name_the_file(tmp_path):
+    data = _corpus_copy(tmp_path)
+    lines = (data / "valid.de").read_text(encoding="utf-8").splitlines(keepends=True)
+    (data / "valid.de").write_text("".join(lines[:-1]), encoding="utf-8")
+    proc = run_demo(*ARGS, "--data", str(data), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert "line count mismatch" in proc.stderr
+    assert f"{data / 'valid.de'} has 999 lines" in proc.stderr and str(data / "valid.en") in proc.stderr
+
+    # the checks behind the other messages, without starting the entry point each time
+    (data / "valid.de").write_text("".join(lines), encoding="utf-8")
+    raw = (data / "train.en").read_bytes().split(b"\n")
+    raw[2] = raw[2] + b" \xff\xfe"
+    (data / "train.en").write_bytes(b"\n".join(raw))
+    with pytest.raises(demo.DemoError, match=r"not valid UTF-8: .*train\.en \(line 3"):
+        demo.check_corpus(str(data))
+    shutil.copy(os.path.join(DATA, "train.en"), data / "train.en")
+    (data / "test.de").write_bytes(b"")
+    with pytest.raises(demo.DemoError, match=r"empty data file: .*test\.de"):
+        demo.check_corpus(str(data))
+    shutil.copy(os.path.join(DATA, "test.de"), data / "test.de")
+    text = (data / "test.de").read_text(encoding="utf-8").split("\n")
+    text[9] = "   "
+    (data / "test.de").write_text("\n".join(text), encoding="utf-8")
+    with pytest.raises(demo.DemoError, match=r"empty line 10 in data file: .*test\.de"):
+        demo.check_corpus(str(data))
+    shutil.copy(os.path.join(DATA, "test.de"), data / "test.de")
+    digests, counts = demo.check_corpus(str(data))
+    assert counts == {"train": 13032, "valid": 1000, "test": 1000} and len(digests) == 6
+
+
+def test_parse_train_log_keeps_last_entry_of_resumed_updates(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(
+        "2026-01-01 | INFO | fairseq_cli.train | num. shared model params: 1,234 (num. trained: 1,234)\n"
+        '2026-01-01 | INFO | train_inner | {"epoch": 1, "loss": "9.5", "num_updates": "10"}\n'
+        '2026-01-01 | INFO | valid | {"epoch": 1, "valid_loss": "9.0", "valid_nll_loss": "8.8", '
+        '"valid_ppl": "445.7", "valid_num_updates": "10"}\n'
+        "# resumed\n"
+        '2026-01-01 | INFO | train_inner | {"epoch": 1, "loss": "9.4", "num_updates": "10"}\n'
+        '2026-01-01 | INFO | train_inner | {"epoch": 2, "loss": "8.1", "num_updates": "20"}\n',
+        encoding="utf-8")
+    c = demo.parse_train_log(str(log))
+    assert c["params"] == 1234
+    assert c["train"] == [(10, 9.4), (20, 8.1)]
+    assert c["valid"] == [(10, 9.0, 8.8, 445.7)]
+
+
+def test_larger_max_update_continues_the_finished_run(demo_run, tmp_path):
+    out, _ = demo_run
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    proc = run_demo("--schemes", "resi_dual", "--max-update", "8", "--tiny", "--subset", "100",
+                    "--out", str(copy))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "data: reusing" in proc.stdout
+    assert "train resi_dual: resuming from" in proc.stdout and "up to 8 updates" in proc.stdout
+    curves = demo.parse_train_log(str(copy / "runs" / "resi_dual" / "train.log"))
+    assert [u for u, _ in curves["train"]] == list(range(1, 9))  # 1-5 first, 6-8 resumed
+    res = json.loads((copy / "results.json").read_text(encoding="utf-8"))
+    assert res["schemes"]["resi_dual"]["updates"] == 8
+    assert [h["computed"] for h in res["history"]][-1] == ["train resi_dual", "translate resi_dual"]
