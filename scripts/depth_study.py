@@ -75,21 +75,6 @@ def log(msg):
         print(f"[depth-study] {msg}", flush=True)
 
 
-def read_json(path, default=None):
-    if not os.path.exists(path):
-        return default
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def write_json(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
 def tool(name):
     """Absolute path of a console script: next to this Python first, then on PATH."""
     for folder in [os.path.dirname(sys.executable)] + os.environ.get("PATH", "").split(os.pathsep):
@@ -98,13 +83,6 @@ def tool(name):
             return cand
     raise StudyError(f"'{name}' not found next to {sys.executable} nor on PATH; install the project "
                      f"(make venv) and put .venv/bin first on PATH")
-
-
-def loadavg():
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 def load_demo():
@@ -120,6 +98,12 @@ def load_demo():
             raise StudyError(f"scripts/demo.py has no {name}(): the study needs the demo's data "
                              f"preparation (check_corpus, prepare_data, score)")
     return module
+
+
+# scripts/demo.py, loaded once: its corpus check, data preparation and scoring, and the small JSON /
+# load-average helpers the study shares with it
+DEMO = load_demo()
+read_json, write_json, loadavg = DEMO.read_json, DEMO.write_json, DEMO.loadavg
 
 
 # ------------------------------------------------------------------------------------------------
@@ -571,7 +555,7 @@ def main(argv=None):
         args.out = os.path.abspath(args.out)
         os.makedirs(args.out, exist_ok=True)
         t0 = time.time()
-        demo = load_demo()
+        demo = DEMO
         data = prepare(args, demo)
         cells = [(s, d) for d in args.depths for s in args.schemes]
         if args.dry_run:
