@@ -62,7 +62,12 @@ from argparse import Namespace
 
 import torch
 
-from .config import FP16_MAX, POST_LN, PRE_LN, RESI_DUAL, RESI_DUAL_FINAL_LN_EPS, SCHEMES, SCHEME_IDS
+from .config import FP16_MAX
+from .schemes import SCHEME_NAMES as SCHEMES
+from .schemes import colors, labels, scheme_by_id
+from .schemes.resi_dual import FINAL_LN_EPS as RESI_DUAL_FINAL_LN_EPS
+
+POST_LN, PRE_LN, RESI_DUAL = "post_ln", "pre_ln", "resi_dual"
 
 PROG = "fairseq-residual-analyze"
 PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -73,9 +78,9 @@ DEFAULT_ARCH = "residual_transformer_iwslt_de_en"
 SUBLAYERS = {"encoder": ("self_attn", "ffn"), "decoder": ("self_attn", "cross_attn", "ffn")}
 HOOKED_MODULE = {"self_attn": "self_attn", "cross_attn": "encoder_attn", "ffn": "fc2"}
 STACKS = ("encoder", "decoder")
-SCHEME_NAMES = {POST_LN: "Post-LN", PRE_LN: "Pre-LN", RESI_DUAL: "ResiDual"}
+SCHEME_NAMES = labels()
 SUBLAYER_NAMES = {"self_attn": "self-attention", "cross_attn": "cross-attention", "ffn": "FFN"}
-SCHEME_COLORS = {POST_LN: "tab:red", PRE_LN: "tab:blue", RESI_DUAL: "tab:green"}
+SCHEME_COLORS = colors()
 
 logger = logging.getLogger("fairseq_residual.analyze")
 
@@ -225,7 +230,7 @@ def checkpoint_scheme(state):
     """The residual scheme a checkpoint was trained with (its buffer, else its config)."""
     weights = state.get("model") or {}
     if "encoder.residual_scheme_id" in weights:
-        return SCHEMES[int(weights["encoder.residual_scheme_id"])]
+        return scheme_by_id(int(weights["encoder.residual_scheme_id"])).name
     cfg = state.get("cfg")
     model_cfg = cfg["model"] if cfg is not None else state.get("args")
     scheme = getattr(model_cfg, "residual_scheme", None)

@@ -1,34 +1,48 @@
 """Encoder and decoder of ``residual_transformer``: fairseq's stacks with a selectable residual scheme.
 
-* ``post_ln`` / ``pre_ln``: fairseq's own :class:`TransformerEncoderBase` / :class:`TransformerDecoderBase`
-  layers and forward passes, with ``normalize_before`` False / True. Nothing is re-implemented, so the
-  two schemes are fairseq's transformer bit for bit (``tests/test_exactness.py``).
-* ``resi_dual``: :class:`~fairseq_residual.layers.ResiDualEncoderLayer` /
-  :class:`~fairseq_residual.layers.ResiDualDecoderLayer`, with the dual stream started from the
-  embedding output, ``x_d = c * x_a`` (reference notes section 1), and the stack output
-  ``alpha * x_a + LN_final(x_d)`` with ``LN_final`` eps 1e-7, replacing fairseq's final LayerNorm under
-  the same parameter name (``layer_norm``).
+The stacks know nothing about any particular scheme: they ask the scheme object
+(:mod:`fairseq_residual.schemes`) which layers to build, what to add to the stack after fairseq built it,
+and, for a scheme that needs one (ResiDual's dual stream, DLCL's layer history), for its own loop over the
+layers. Everything else is fairseq's :class:`TransformerEncoderBase` / :class:`TransformerDecoderBase`:
+a scheme that keeps fairseq's layers and loop (Post-LN, Pre-LN) is fairseq's transformer bit for bit
+(``tests/test_exactness.py``).
 
 Every stack stores its scheme in the buffer ``residual_scheme_id`` so that loading a checkpoint of
 another scheme fails with an error naming both; checkpoints of fairseq's stock ``transformer`` (no
 such buffer) load into the matching scheme (``post_ln`` without a final LayerNorm, ``pre_ln`` with one).
 """
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
-from fairseq.modules import LayerNorm
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
-from .config import RESI_DUAL, RESI_DUAL_FINAL_LN_EPS, SCHEME_IDS, SCHEMES, ResidualOptions
-from .layers import ResiDualDecoderLayer, ResiDualEncoderLayer
+from .schemes import get_scheme, scheme_by_id
 
 
 class SchemeMismatchError(ValueError):
     """A checkpoint of one residual scheme was loaded into a model of another."""
+
+
+class DecoderInputs(NamedTuple):
+    """What every decoder layer receives besides its input (fairseq's decoder-layer arguments).
+
+    Attributes:
+        encoder_out: S x B x C, or None.
+        encoder_padding_mask: B x S, True at padding, or None.
+        incremental_state: fairseq's decoding cache, or None.
+        self_attn_mask: T x T additive future mask, or None (incremental decoding).
+        self_attn_padding_mask: B x T, True at padding, or None.
+    """
+
+    encoder_out: Optional[Tensor]
+    encoder_padding_mask: Optional[Tensor]
+    incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]]
+    self_attn_mask: Optional[Tensor]
+    self_attn_padding_mask: Optional[Tensor]
 
 
 def wrap_layer(layer, cfg):
@@ -42,30 +56,18 @@ def wrap_layer(layer, cfg):
 
 
 class _ResidualStackMixin:
-    """What the encoder and the decoder share: scheme bookkeeping and the checkpoint check."""
+    """What the encoder and the decoder share: the scheme object and the checkpoint check."""
 
     stack = "encoder"
 
-    def _init_residual(self, cfg, embed_dim):
-        opts: ResidualOptions = cfg.residual_options
-        self.residual_scheme = opts.scheme
+    def _init_residual(self, cfg):
+        self.residual_options = cfg.residual_options
+        self.scheme = get_scheme(cfg.residual_options.scheme)
+        self.residual_scheme = self.scheme.name
         self.register_buffer(
-            "residual_scheme_id", torch.tensor(SCHEME_IDS[opts.scheme], dtype=torch.long)
+            "residual_scheme_id", torch.tensor(self.scheme.scheme_id, dtype=torch.long)
         )
-        if opts.scheme == RESI_DUAL:
-            self.dual_scale = opts.scale(self.stack)
-            self.resi_dual_alpha = opts.alpha(self.stack)
-            # LN_final over the dual stream; same parameter name as fairseq's Pre-LN final norm.
-            self.layer_norm = LayerNorm(embed_dim, eps=RESI_DUAL_FINAL_LN_EPS, export=cfg.export)
-
-    def start_dual_stream(self, x: Tensor) -> Tensor:
-        """``x_d = c * x`` from the embedding output x (T x B x C); x itself when c == 1 (no copy:
-        the dual stream is only ever updated out of place)."""
-        return x if self.dual_scale == 1.0 else x * self.dual_scale
-
-    def resi_dual_output(self, x_a: Tensor, x_d: Tensor) -> Tensor:
-        """Stack output ``alpha * x_a + LN_final(x_d)`` (paper eq. 6), T x B x C."""
-        return torch.add(self.layer_norm(x_d), x_a, alpha=self.resi_dual_alpha)
+        self.scheme.init_stack(self, cfg)
 
     def upgrade_state_dict_named(self, state_dict, name):
         """fairseq's upgrade, then the scheme check.
@@ -77,10 +79,10 @@ class _ResidualStackMixin:
         prefix = f"{name}." if name else ""
         key = prefix + "residual_scheme_id"
         if key in state_dict:
-            saved = SCHEMES[int(state_dict[key])]
+            saved = scheme_by_id(int(state_dict[key])).name
         else:  # fairseq's stock transformer: Pre-LN iff it has a final LayerNorm
             saved = "pre_ln" if prefix + "layer_norm.weight" in state_dict else "post_ln"
-            state_dict[key] = torch.tensor(SCHEME_IDS[saved], dtype=torch.long)
+            state_dict[key] = torch.tensor(get_scheme(saved).scheme_id, dtype=torch.long)
         if saved != self.residual_scheme:
             raise SchemeMismatchError(
                 f"the checkpoint's {self.stack} was trained with residual scheme '{saved}' but this "
@@ -96,27 +98,27 @@ class ResidualTransformerEncoder(_ResidualStackMixin, TransformerEncoderBase):
 
     Args:
         cfg: fairseq ``TransformerConfig`` with the attribute ``residual_options``
-            (:class:`~fairseq_residual.config.ResidualOptions`).
+            (:class:`~fairseq_residual.schemes.SchemeOptions`).
         dictionary: source dictionary.
         embed_tokens: source embedding (``nn.Embedding``).
 
-    ``forward`` returns fairseq's encoder dict; ``encoder_out`` is T x B x C. Under ``resi_dual``,
-    ``encoder_states`` (``return_all_hiddens``) holds the ``x_a`` stream after each layer.
+    ``forward`` returns fairseq's encoder dict; ``encoder_out`` is T x B x C. For a scheme with its own
+    loop, ``encoder_states`` (``return_all_hiddens``) holds what that scheme calls a layer's output.
     """
 
     stack = "encoder"
 
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
-        self._init_residual(cfg, embed_tokens.embedding_dim)
+        self._init_residual(cfg)
 
     def build_encoder_layer(self, cfg):
-        opts: ResidualOptions = cfg.residual_options
-        if opts.scheme != RESI_DUAL:
+        layer = get_scheme(cfg.residual_options.scheme).encoder_layer(cfg)
+        if layer is None:
             return super().build_encoder_layer(cfg)
         if self.return_fc:
-            raise ValueError("return_fc is not supported with --residual-scheme resi_dual")
-        return wrap_layer(ResiDualEncoderLayer(cfg, dual_scale=opts.encoder_scale), cfg)
+            raise ValueError(f"return_fc is not supported with --residual-scheme {cfg.residual_options.scheme}")
+        return wrap_layer(layer, cfg)
 
     def forward_scriptable(
         self,
@@ -125,14 +127,14 @@ class ResidualTransformerEncoder(_ResidualStackMixin, TransformerEncoderBase):
         return_all_hiddens: bool = False,
         token_embeddings: Optional[torch.Tensor] = None,
     ):
-        """Encode ``src_tokens`` (B x T). Post-LN / Pre-LN: fairseq's code; ResiDual: dual stream.
+        """Encode ``src_tokens`` (B x T): fairseq's code, or the scheme's own layer loop.
 
         Returns:
             dict as :meth:`TransformerEncoderBase.forward`: ``encoder_out`` [T x B x C],
             ``encoder_padding_mask`` [B x T], ``encoder_embedding`` [B x T x C],
             ``encoder_states``, ``src_lengths`` [B x 1].
         """
-        if self.residual_scheme != RESI_DUAL:
+        if not self.scheme.own_loop:
             return super().forward_scriptable(
                 src_tokens, src_lengths, return_all_hiddens, token_embeddings
             )
@@ -143,15 +145,9 @@ class ResidualTransformerEncoder(_ResidualStackMixin, TransformerEncoderBase):
         if has_pads:  # zero the padded positions, as fairseq does
             x = x * (1 - encoder_padding_mask.unsqueeze(-1).type_as(x))
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
-        x_d = self.start_dual_stream(x)
-
-        encoder_states: List[Tensor] = [x] if return_all_hiddens else []
-        for layer in self.layers:
-            x, x_d = layer(x, x_d, encoder_padding_mask if has_pads else None)
-            if return_all_hiddens:
-                encoder_states.append(x)
-        x = self.resi_dual_output(x, x_d)
-
+        x, encoder_states = self.scheme.encoder_loop(
+            self, x, encoder_padding_mask if has_pads else None, return_all_hiddens
+        )
         src_lengths = (
             src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
         )
@@ -175,9 +171,9 @@ class ResidualTransformerDecoder(_ResidualStackMixin, TransformerDecoderBase):
         embed_tokens: target embedding.
         no_encoder_attn: build no encoder-decoder attention.
 
-    Incremental decoding (``fairseq-generate``) is fairseq's: under ``resi_dual`` the dual stream of
-    the current step is rebuilt from that step's embedding and sub-layer outputs, and the attention
-    caches are reordered by the inherited ``reorder_incremental_state``.
+    Incremental decoding (``fairseq-generate``) is fairseq's: the attention caches are reordered by the
+    inherited ``reorder_incremental_state``; a scheme with its own loop must keep every other state of a
+    step a function of that step's position alone (each scheme module says why it does).
     """
 
     stack = "decoder"
@@ -190,13 +186,12 @@ class ResidualTransformerDecoder(_ResidualStackMixin, TransformerDecoderBase):
             no_encoder_attn=no_encoder_attn,
             output_projection=output_projection,
         )
-        self._init_residual(cfg, self.embed_dim)
+        self._init_residual(cfg)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        opts: ResidualOptions = cfg.residual_options
-        if opts.scheme != RESI_DUAL:
+        layer = get_scheme(cfg.residual_options.scheme).decoder_layer(cfg, no_encoder_attn)
+        if layer is None:
             return super().build_decoder_layer(cfg, no_encoder_attn)
-        layer = ResiDualDecoderLayer(cfg, no_encoder_attn, dual_scale=opts.decoder_scale)
         return wrap_layer(layer, cfg)
 
     def embed(self, prev_output_tokens, incremental_state=None):
@@ -234,10 +229,9 @@ class ResidualTransformerDecoder(_ResidualStackMixin, TransformerDecoderBase):
     ):
         """Decoder features, B x T x C, and ``{"attn": [B x T x S or None], "inner_states": [...]}``.
 
-        Post-LN / Pre-LN: fairseq's code. ResiDual: the dual-stream loop; ``inner_states`` holds the
-        ``x_a`` stream (T x B x C) after the embedding and after each layer.
+        fairseq's code, or the scheme's own layer loop between fairseq's embedding and output parts.
         """
-        if self.residual_scheme != RESI_DUAL:
+        if not self.scheme.own_loop:
             return super().extract_features_scriptable(
                 prev_output_tokens,
                 encoder_out,
@@ -257,7 +251,6 @@ class ResidualTransformerDecoder(_ResidualStackMixin, TransformerDecoderBase):
 
         x, prev_output_tokens = self.embed(prev_output_tokens, incremental_state)
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
-        x_d = self.start_dual_stream(x)
 
         self_attn_padding_mask: Optional[Tensor] = None
         if prev_output_tokens.eq(self.padding_idx).any():
@@ -266,29 +259,15 @@ class ResidualTransformerDecoder(_ResidualStackMixin, TransformerDecoderBase):
         if incremental_state is None and not full_context_alignment:
             self_attn_mask = self.buffered_future_mask(x)
 
-        attn: Optional[Tensor] = None
-        inner_states: List[Optional[Tensor]] = [x]
-        for idx, layer in enumerate(self.layers):
-            x, x_d, layer_attn = layer(
-                x,
-                x_d,
-                enc,
-                padding_mask,
-                incremental_state,
-                self_attn_mask=self_attn_mask,
-                self_attn_padding_mask=self_attn_padding_mask,
-                need_attn=bool(idx == alignment_layer),
-                need_head_weights=bool(idx == alignment_layer),
-            )
-            inner_states.append(x)
-            if layer_attn is not None and idx == alignment_layer:
-                attn = layer_attn.float().to(x)
+        inputs = DecoderInputs(enc, padding_mask, incremental_state, self_attn_mask, self_attn_padding_mask)
+        x, attn, inner_states = self.scheme.decoder_loop(self, x, inputs, alignment_layer)
         if attn is not None:
+            attn = attn.float().to(x)
             if alignment_heads is not None:
                 attn = attn[:alignment_heads]
             attn = attn.mean(dim=0)  # average over heads
 
-        x = self.resi_dual_output(x, x_d).transpose(0, 1)  # T x B x C -> B x T x C
+        x = x.transpose(0, 1)  # T x B x C -> B x T x C
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
         return x, {"attn": [attn], "inner_states": inner_states}

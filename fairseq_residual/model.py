@@ -1,11 +1,12 @@
 """Registration of the ``residual_transformer`` model and its ``--arch`` presets.
 
 The model is fairseq's argparse-style :class:`~fairseq.models.transformer.TransformerModel` with one
-more option group (``--residual-scheme`` and ResiDual's constants, see ``config.py``) and the
-encoder/decoder of ``encoder_decoder.py``. It is argparse-style on purpose: a dataclass-registered
-model on ``TransformerModelBase`` cannot take its nested encoder/decoder options from
-``fairseq-train``'s command line (reference notes, section 5). Under ``fairseq-hydra-train`` fairseq
-applies the ``_name`` preset to the DictConfig before ``build_model``, so presets hold there too.
+more option group (``--residual-scheme`` and each scheme's options, see ``config.py`` and
+``schemes/``) and the encoder/decoder of ``encoder_decoder.py``. It is argparse-style on purpose: a
+dataclass-registered model on ``TransformerModelBase`` cannot take its nested encoder/decoder options
+from ``fairseq-train``'s command line (its ``add_args`` flattens them only for ``transformer``'s own
+dataclass). Under ``fairseq-hydra-train`` fairseq applies the ``_name`` preset to the DictConfig before
+``build_model``, so presets hold there too.
 
 Presets (every one in ``fairseq-train --arch`` choices):
 
@@ -20,8 +21,8 @@ Presets (every one in ``fairseq-train --arch`` choices):
 ``residual_transformer_tiny``        tests: 2+2, 64 / 64 / 2 heads
 =================================== ================================================================
 
-and for each of the first five ``<preset>_post_ln``, ``<preset>_pre_ln``, ``<preset>_resi_dual``, which
-fix the default scheme (an explicit ``--residual-scheme`` still wins, as any explicit option does
+and for each of the first five and every registered scheme ``<preset>_<scheme>`` (``_post_ln``,
+``_pre_ln``, ``_resi_dual``, ...), which fix the default scheme (an explicit ``--residual-scheme`` still wins, as any explicit option does
 over a fairseq preset). Without a suffix the scheme defaults to ``resi_dual``.
 """
 from fairseq.models import register_model, register_model_architecture
@@ -34,17 +35,9 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from . import checkpoint_compat  # noqa: F401  (torch>=2.6 loading of fairseq checkpoints)
-from .config import (
-    POST_LN,
-    PRE_LN,
-    RESI_DUAL,
-    SCHEMES,
-    ResidualOptions,
-    add_residual_args,
-    as_namespace,
-    residual_defaults,
-)
+from .config import add_residual_args, as_namespace, residual_defaults, residual_options
 from .encoder_decoder import ResidualTransformerDecoder, ResidualTransformerEncoder
+from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, get_scheme
 
 MODEL_NAME = "residual_transformer"
 
@@ -54,18 +47,17 @@ def _transformer_config(args):
     if not isinstance(args, TransformerConfig):
         args = as_namespace(args)
     cfg = TransformerConfig.from_namespace(args)
-    cfg.residual_options = ResidualOptions.from_args(cfg)
+    cfg.residual_options = residual_options(cfg)
     return cfg
 
 
 @register_model(MODEL_NAME)
 class ResidualTransformerModel(TransformerModel):
-    """Transformer encoder-decoder with a Post-LN, Pre-LN or ResiDual residual scheme.
+    """Transformer encoder-decoder with a selectable residual scheme (:mod:`fairseq_residual.schemes`).
 
     Subclass of fairseq's ``TransformerModel``: same inputs and outputs (``forward`` returns decoder
     logits B x T x V and the extras dict), same checkpoints apart from the ``residual_scheme_id``
-    buffers, same training/generation entry points. See :mod:`fairseq_residual.config` for the
-    schemes' formulas.
+    buffers and the scheme's own parameters, same training/generation entry points.
     """
 
     @classmethod
@@ -78,17 +70,21 @@ class ResidualTransformerModel(TransformerModel):
     def build_model(cls, args, task):
         """Build the model from an argparse Namespace (fairseq-train) or DictConfig (hydra).
 
+        After fairseq built and initialised the model, the scheme re-initialises what it scales
+        (``ResidualScheme.initialize``).
+
         Raises:
-            ValueError: invalid residual options (see ``ResidualOptions.from_args``), or fairseq's
+            ValueError: invalid residual options (see ``config.residual_options``), or fairseq's
                 own errors (e.g. ``--share-all-embeddings requires a joined dictionary``).
         """
         args = as_namespace(args)
         residual_defaults(args)
-        opts = ResidualOptions.from_args(args)
-        # The scheme decides LayerNorm placement: stock layers with normalize_before for Pre-LN;
-        # Post-LN layers (and the Post-LN x_a stream of ResiDual) without.
-        args.encoder_normalize_before = args.decoder_normalize_before = opts.scheme == PRE_LN
-        return super().build_model(args, task)
+        scheme = get_scheme(residual_options(args).scheme)
+        # The scheme decides LayerNorm placement: fairseq's normalize_before for Pre-LN-type schemes.
+        args.encoder_normalize_before = args.decoder_normalize_before = scheme.normalize_before
+        model = super().build_model(args, task)
+        scheme.initialize(model, args)
+        return model
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -103,7 +99,7 @@ class ResidualTransformerModel(TransformerModel):
 
     @property
     def residual_scheme(self):
-        """The model's residual scheme: ``post_ln``, ``pre_ln`` or ``resi_dual``."""
+        """The model's residual scheme's registry name (``post_ln``, ``pre_ln``, ``resi_dual``, ...)."""
         return self.encoder.residual_scheme
 
 
@@ -126,45 +122,46 @@ def _dims(args, embed_dim, ffn_dim, heads, layers=6):
         setattr(args, f"{stack}_layers", getattr(args, f"{stack}_layers", layers))
 
 
-def residual_base_architecture(args, scheme=RESI_DUAL):
+def residual_base_architecture(args, scheme=DEFAULT_SCHEME):
     """fairseq's transformer base (6+6, 512 / 2048 / 8) with the residual defaults."""
     residual_defaults(args, scheme)
     base_architecture(args)
 
 
-def residual_iwslt_de_en(args, scheme=RESI_DUAL):
-    """IWSLT14 De-En as in the ResiDual authors' YAML (reference notes section 3)."""
+def residual_iwslt_de_en(args, scheme=DEFAULT_SCHEME):
+    """IWSLT14 De-En as in the ResiDual authors' YAML (github.com/microsoft/ResiDual)."""
     _dims(args, 256, 1024, 4)
     _dropouts(args, 0.3, 0.1, 0.1)
     args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
     residual_base_architecture(args, scheme)
 
 
-def residual_wmt_en_de(args, scheme=RESI_DUAL):
-    """WMT14 En-De as in the ResiDual authors' YAML (reference notes section 3)."""
+def residual_wmt_en_de(args, scheme=DEFAULT_SCHEME):
+    """WMT14 En-De as in the ResiDual authors' YAML (github.com/microsoft/ResiDual)."""
     _dims(args, 512, 2048, 8)
     _dropouts(args, 0.3, 0.1, 0.1)
     args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
     residual_base_architecture(args, scheme)
 
 
-def residual_opus100(args, scheme=RESI_DUAL):
+def residual_opus100(args, scheme=DEFAULT_SCHEME):
     """OPUS-100 as in the ResiDual authors' YAML: 512 / 2048 / 8, dropout .1/.1/.1, decoder input and
     output embeddings shared (not the encoder's), dual-stream scale c = 0.05 (their fp16 setting)."""
     _dims(args, 512, 2048, 8)
     _dropouts(args, 0.1, 0.1, 0.1)
     args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", True)
-    args.resi_dual_scale = getattr(args, "resi_dual_scale", None) or 0.05
+    if getattr(args, "resi_dual_scale", None) is None:  # an explicit value, 0 included, is validated
+        args.resi_dual_scale = 0.05
     residual_base_architecture(args, scheme)
 
 
-def residual_wmt_en_de_big(args, scheme=RESI_DUAL):
+def residual_wmt_en_de_big(args, scheme=DEFAULT_SCHEME):
     """fairseq's ``transformer_wmt_en_de_big`` (1024 / 4096 / 16, dropout 0.3, attention 0.1)."""
     residual_defaults(args, scheme)
     transformer_wmt_en_de_big(args)
 
 
-def residual_tiny(args, scheme=RESI_DUAL):
+def residual_tiny(args, scheme=DEFAULT_SCHEME):
     """fairseq's ``transformer_tiny`` (2+2 layers, 64 / 64 / 2 heads), for tests."""
     residual_defaults(args, scheme)
     tiny_architecture(args)
@@ -185,7 +182,7 @@ def _register_presets():
     for name, fn in PRESETS.items():
         register_model_architecture(MODEL_NAME, name)(fn)
         names.append(name)
-        for scheme in SCHEMES:
+        for scheme in SCHEME_NAMES:
 
             def variant(args, fn=fn, scheme=scheme):
                 fn(args, scheme)
@@ -200,4 +197,4 @@ def _register_presets():
 
 
 ARCH_NAMES = _register_presets()
-__all__ = ["ResidualTransformerModel", "ARCH_NAMES", "POST_LN", "PRE_LN", "RESI_DUAL"]
+__all__ = ["ResidualTransformerModel", "ARCH_NAMES", "MODEL_NAME"]

@@ -30,9 +30,11 @@ import re
 import statistics
 import sys
 
-RUN_DIR = re.compile(r"^(?P<scheme>[a-z_]+)-(?P<layers>\d+)L-seed(?P<seed>\d+)$")
-SCHEME_ORDER = ("post_ln", "pre_ln", "resi_dual")
-SCHEME_LABEL = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "resi_dual": "ResiDual"}
+from fairseq_residual.schemes import SCHEME_NAMES, labels
+
+RUN_DIR = re.compile(r"^(?P<scheme>[a-z0-9_]+)-(?P<layers>\d+)L-seed(?P<seed>\d+)$")
+SCHEME_ORDER = SCHEME_NAMES
+SCHEME_LABEL = labels()
 LOG_GLOBS = ("hydra_train.log", "train.log", "slurm-*.out", "*.log")
 
 #: (reason, pattern) of the log lines that mark a diverged run

@@ -47,10 +47,12 @@ import sys
 import threading
 import time
 
+from fairseq_residual.schemes import SCHEME_NAMES, colors, labels
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(ROOT, "fairseq_residual")
 DEFAULT_DATA = os.path.join(ROOT, "data", "ding-de-en")
-SCHEMES = ("post_ln", "pre_ln", "resi_dual")
+SCHEMES = ("post_ln", "pre_ln", "resi_dual")  # the demo's default; --schemes takes any registered scheme
 SPLITS = ("train", "valid", "test")
 SRC, TGT = "de", "en"
 N_EXAMPLES = 5
@@ -634,8 +636,8 @@ def check_interactive(args, data, run_dir, sentence):
     return hyps[0]
 
 
-SCHEME_LABELS = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "resi_dual": "ResiDual"}
-COLORS = {"post_ln": "tab:blue", "pre_ln": "tab:orange", "resi_dual": "tab:green"}
+SCHEME_LABELS = labels()
+COLORS = colors()
 
 
 def plot(curves, path, title):
@@ -774,9 +776,9 @@ def main(argv=None):
             cfg[key] = getattr(args, key)
     args.extra_train_args = shlex.split(args.extra_train_args)
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
-    bad = [s for s in schemes if s not in SCHEMES]
+    bad = [s for s in schemes if s not in SCHEME_NAMES]
     if bad or not schemes:
-        raise DemoError(f"unknown scheme(s) {bad} in --schemes; choose from {', '.join(SCHEMES)}")
+        raise DemoError(f"unknown scheme(s) {bad} in --schemes; choose from {', '.join(SCHEME_NAMES)}")
     if args.subset < 0 or 0 < args.subset < N_EXAMPLES:
         raise DemoError(f"--subset must be 0 (all) or at least {N_EXAMPLES}")
     if args.out is None:

@@ -46,13 +46,15 @@ import sys
 import threading
 import time
 
+from fairseq_residual.schemes import SCHEME_NAMES, colors, labels
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(ROOT, "fairseq_residual")
 DEFAULT_DATA = os.path.join(ROOT, "data", "ding-de-en")
 DEFAULT_OUT = os.path.join(ROOT, "runs", "depth_study")
-SCHEMES = ("post_ln", "pre_ln", "resi_dual")
-LABELS = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "resi_dual": "ResiDual"}
-COLORS = {"post_ln": "tab:red", "pre_ln": "tab:blue", "resi_dual": "tab:green"}
+SCHEMES = SCHEME_NAMES
+LABELS = labels()
+COLORS = colors()
 SRC, TGT = "de", "en"
 _PRINT_LOCK = threading.Lock()
 
@@ -512,7 +514,7 @@ def build_parser():
     p.add_argument("--depths", type=int_list, default=[6, 12, 24, 48],
                    help="layers per stack, comma-separated (default: 6,12,24,48)")
     p.add_argument("--schemes", type=scheme_list, default=list(SCHEMES),
-                   help="comma-separated residual schemes (default: post_ln,pre_ln,resi_dual)")
+                   help=f"comma-separated residual schemes (default: {','.join(SCHEMES)})")
     p.add_argument("--updates", type=int, default=300, help="updates per cell (default 300)")
     p.add_argument("--width", type=int, default=64, help="model width (default 64)")
     p.add_argument("--ffn-dim", type=int, default=None, help="FFN width (default: 2 x width)")

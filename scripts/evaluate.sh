@@ -188,7 +188,7 @@ META="$("$PYTHON" - "$BENCHMARK" "$RUN_DIR" "$run_name" "$CKPT" "$AVERAGED_JSON"
     "$BEAM" "$LENPEN" "$MAX_LEN_A" "$MAX_LEN_B" "$DATA" <<'EOF'
 import json, re, sys
 bench, run_dir, name, ckpt, averaged, subset, beam, lenpen, a, b, data = sys.argv[1:]
-m = re.match(r"^(post_ln|pre_ln|resi_dual)-(\d+)L-seed(\d+)$", name)
+m = re.match(r"^([a-z0-9_]+)-(\d+)L-seed(\d+)$", name)
 run = {"scheme": m.group(1), "layers": int(m.group(2)), "seed": int(m.group(3))} if m else None
 print(json.dumps({
     "benchmark": bench, "run_dir": run_dir, "run": run, "data": data,

@@ -42,7 +42,8 @@ Options:
   --benchmark B          iwslt14 (configs/iwslt14_de_en.yaml), wmt14 (configs/wmt14_en_de.yaml)
                          or opus100 (configs/opus100.yaml)
   --scheme S, --schemes LIST
-                         post_ln, pre_ln, resi_dual (default: resi_dual)
+                         residual schemes: post_ln, pre_ln, resi_dual or any other registered in
+                         fairseq_residual/schemes (default: resi_dual)
   --layers N, --depths LIST
                          layers per stack: N means N encoder + N decoder layers
                          (default: 6 for iwslt14 and wmt14, 18 for opus100)
@@ -145,9 +146,11 @@ split_list() { tr ',' ' ' <<< "$1"; }
 read -r -a SCHEME_LIST <<< "$(split_list "$SCHEMES")"
 read -r -a DEPTH_LIST <<< "$(split_list "$DEPTHS")"
 read -r -a SEED_LIST <<< "$(split_list "$SEEDS")"
+PYTHON="${PYTHON:-$(command -v python || command -v python3)}"
+KNOWN_SCHEMES="$("$PYTHON" -c 'from fairseq_residual.schemes import SCHEME_NAMES; print(" ".join(SCHEME_NAMES))')" \
+    || die "cannot import fairseq_residual with $PYTHON: install the project (pip install -e .)"
 for s in "${SCHEME_LIST[@]}"; do
-    [[ "$s" =~ ^(post_ln|pre_ln|resi_dual)$ ]] \
-        || die "unknown scheme '$s': choose post_ln, pre_ln or resi_dual"
+    [[ " $KNOWN_SCHEMES " == *" $s "* ]] || die "unknown scheme '$s': choose one of ${KNOWN_SCHEMES// /, }"
 done
 for n in "${DEPTH_LIST[@]}"; do
     [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "--layers/--depths: '$n' is not a positive integer"

@@ -8,6 +8,7 @@ import torch
 
 from conftest import USER_DIR, run_cli
 from fairseq_residual.model import ARCH_NAMES
+from fairseq_residual.schemes import SCHEME_NAMES
 
 TRAIN_FLAGS = [
     "--optimizer", "adam", "--lr", "5e-3", "--criterion", "label_smoothed_cross_entropy",
@@ -35,7 +36,11 @@ def load_checkpoint(path):
 def test_help_lists_every_preset():
     out = run_cli(["fairseq-train", "--user-dir", USER_DIR, "--help"]).stdout
     out = re.sub(r"-\n\s+", "-", out)  # argparse wraps help lines at hyphens
-    assert len(ARCH_NAMES) == 21
+    # 5 preset families, each plain and with every registered scheme's suffix, plus the tiny preset
+    assert len(ARCH_NAMES) == 5 * (1 + len(SCHEME_NAMES)) + 1
+    for scheme in SCHEME_NAMES:
+        assert f"residual_transformer_iwslt_de_en_{scheme}" in ARCH_NAMES
+        assert re.search(rf"[\s{{,]{scheme}[,}}]", out), f"--residual-scheme help lacks {scheme}"
     for name in ARCH_NAMES:
         assert re.search(rf"[\s,]{name}[,.]", out), f"--arch help lacks {name}"
     for flag in ("--residual-scheme", "--resi-dual-scale", "--encoder-resi-dual-alpha"):

@@ -161,7 +161,7 @@ def argparse_flags(name, data_overrides, scheme, layers):
 def check_structure(model, d, ffn, heads, layers, scheme):
     """Dims, depth and layer classes of a built model."""
     from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
-    from fairseq_residual.layers import ResiDualDecoderLayer, ResiDualEncoderLayer
+    from fairseq_residual.schemes.resi_dual import ResiDualDecoderLayer, ResiDualEncoderLayer
 
     assert model.residual_scheme == scheme
     for stack, layer_cls, resi_cls in (

@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from conftest import build_model, make_dictionary, random_batch
+from fairseq_residual.schemes import SCHEME_NAMES
 
-SCHEMES = ["post_ln", "pre_ln", "resi_dual"]
+SCHEMES = list(SCHEME_NAMES)  # every registered scheme
 TOL = 1e-5
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import build_model, make_dictionary, random_batch
-from fairseq_residual.layers import ResiDualDecoderLayer, ResiDualEncoderLayer
+from fairseq_residual.schemes.resi_dual import ResiDualDecoderLayer, ResiDualEncoderLayer
 
 
 def model_with_scale(c, d, state_dict=None):

@@ -1,0 +1,22 @@
+"""Pre-LN (Xiong et al. 2020, "On Layer Normalization in the Transformer Architecture", arXiv 2002.04745):
+``x = x + drop(F(LN(x)))`` and a final LayerNorm at the end of each stack.
+
+fairseq's own layers and forward passes with ``normalize_before=True``: nothing is re-implemented, so
+the scheme is fairseq's ``transformer --encoder-normalize-before --decoder-normalize-before`` bit for bit.
+"""
+from .base import ResidualScheme
+
+
+class PreLN(ResidualScheme):
+    name = "pre_ln"
+    label = "Pre-LN"
+    scheme_id = 1
+    color = "tab:blue"
+    update = "x = x + drop(F(LN(x)))"
+    output = "LN_final(x)"
+    source = "Xiong et al. 2020, arXiv 2002.04745, section 3"
+    reference = "fairseq, fairseq/modules/transformer_layer.py (normalize_before=True)"
+    normalize_before = True
+
+
+SCHEME = PreLN()
