@@ -14,6 +14,7 @@ from .base import STACKS, ResidualScheme, SchemeOptions
 _SCHEME_MODULES = (
     "post_ln",
     "pre_ln",
+    "deepnorm",
     "resi_dual",
 )
 

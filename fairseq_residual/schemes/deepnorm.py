@@ -1,0 +1,110 @@
+"""DeepNorm (DeepNet; Wang et al. 2022, arXiv 2203.00555, section 3 and figure 2):
+``x = LN(alpha * x + drop(F(x)))`` after every sub-layer, with a depth-scaled initialisation.
+
+For an encoder-decoder with N encoder and M decoder layers, as microsoft/torchscale computes it
+(``torchscale/architecture/encoder.py`` and ``decoder.py``):
+
+* encoder: ``alpha = 0.81 * (N^4 M)^(1/16)``, ``beta = 1.15 * (N^4 M)^(-1/16)``,
+* decoder: ``alpha = (3M)^(1/4)``, ``beta = (12M)^(-1/4)``,
+
+the same alpha for every sub-layer of a stack (self-attention, cross-attention, FFN). After fairseq's
+default initialisation every parameter of a stack whose name contains ``fc1``, ``fc2``, ``v_proj`` or
+``out_proj`` (weights and biases; self- and cross-attention) is multiplied by that stack's beta;
+``q_proj`` and ``k_proj`` keep theirs. No stack LayerNorm, no embedding LayerNorm.
+
+Where the references differ (documented, not selectable): the paper's pseudo-code and
+LiyuanLucasLiu/Transformer-Clinic use ``beta_enc = 0.87 * (N^4 M)^(-1/16)`` and re-draw the scaled
+matrices with ``xavier_normal_(gain=beta)`` (biases 0, q/k gain 1) instead of scaling the default
+initialisation (see github.com/microsoft/torchscale/issues/16). Decoder beta and both alphas agree.
+
+The layers are fairseq's own with one change, the residual term: nothing else is re-implemented, and
+incremental decoding is fairseq's.
+"""
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+from ..layers import refuse_decoder_extras
+from .base import ResidualScheme
+
+#: Parameters whose initialisation DeepNorm scales by beta (torchscale's ``deepnorm`` init).
+BETA_SCALED = ("fc1", "fc2", "v_proj", "out_proj")
+
+
+def deepnorm_constants(encoder_layers: int, decoder_layers: int):
+    """DeepNorm's constants of an encoder-decoder with N encoder and M decoder layers.
+
+    Returns:
+        dict with ``encoder_alpha``, ``encoder_beta``, ``decoder_alpha``, ``decoder_beta`` (floats).
+
+    Source: Wang et al. 2022, table 1 (encoder-decoder column), with torchscale's encoder beta
+    (``1.15 * (N^4 M)^(-1/16)``, torchscale/architecture/encoder.py).
+    """
+    n, m = float(encoder_layers), float(decoder_layers)
+    return dict(
+        encoder_alpha=0.81 * (n ** 4 * m) ** (1 / 16),
+        encoder_beta=1.15 * (n ** 4 * m) ** (-1 / 16),
+        decoder_alpha=(3 * m) ** (1 / 4),
+        decoder_beta=(12 * m) ** (-1 / 4),
+    )
+
+
+class DeepNormEncoderLayer(TransformerEncoderLayerBase):
+    """fairseq's Post-LN encoder layer with the residual ``alpha * x + h`` (``h = drop(F(x))``).
+
+    Args:
+        cfg: fairseq ``TransformerConfig`` (``cfg.encoder.layers`` = N, ``cfg.decoder.layers`` = M).
+    """
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.deepnorm_alpha = deepnorm_constants(cfg.encoder.layers, cfg.decoder.layers)["encoder_alpha"]
+
+    def residual_connection(self, x, residual):
+        """``alpha * residual + x``: residual = the sub-layer input, x = its dropped-out output, T x B x C."""
+        return residual * self.deepnorm_alpha + x
+
+
+class DeepNormDecoderLayer(TransformerDecoderLayerBase):
+    """fairseq's Post-LN decoder layer with the residual ``alpha * x + h`` for all three sub-layers.
+
+    Args:
+        cfg: fairseq ``TransformerConfig``; NormFormer options and ``--cross-self-attention`` are refused.
+        no_encoder_attn: build no encoder-decoder attention.
+    """
+
+    def __init__(self, cfg, no_encoder_attn=False):
+        refuse_decoder_extras(cfg, "deepnorm")
+        super().__init__(cfg, no_encoder_attn=no_encoder_attn)
+        self.deepnorm_alpha = deepnorm_constants(cfg.encoder.layers, cfg.decoder.layers)["decoder_alpha"]
+
+    def residual_connection(self, x, residual):
+        """``alpha * residual + x``, T x B x C."""
+        return residual * self.deepnorm_alpha + x
+
+
+class DeepNorm(ResidualScheme):
+    name = "deepnorm"
+    label = "DeepNorm"
+    scheme_id = 3
+    color = "tab:purple"
+    update = "x = LN(alpha*x + drop(F(x))); init of fc1, fc2, v_proj, out_proj x beta"
+    output = "x"
+    source = "Wang et al. 2022, arXiv 2203.00555, section 3, table 1"
+    reference = "microsoft/torchscale, torchscale/architecture/encoder.py, decoder.py"
+
+    def encoder_layer(self, cfg):
+        return DeepNormEncoderLayer(cfg)
+
+    def decoder_layer(self, cfg, no_encoder_attn):
+        return DeepNormDecoderLayer(cfg, no_encoder_attn)
+
+    def initialize(self, model, args):
+        """Multiply fc1, fc2, v_proj and out_proj (weights and biases) of each stack by its beta."""
+        const = deepnorm_constants(len(model.encoder.layers), len(model.decoder.layers))
+        for stack in ("encoder", "decoder"):
+            beta = const[f"{stack}_beta"]
+            for name, param in getattr(model, stack).layers.named_parameters():
+                if any(f".{key}." in f".{name}" for key in BETA_SCALED):
+                    param.data.mul_(beta)
+
+
+SCHEME = DeepNorm()
