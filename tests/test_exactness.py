@@ -91,12 +91,13 @@ def ref_ffn(layer, x):
     return F.linear(F.relu(F.linear(x, layer.fc1.weight, layer.fc1.bias)), layer.fc2.weight, layer.fc2.bias)
 
 
-def ref_resi_dual(model, src, prev, c_enc, a_enc, c_dec, a_dec, cross_attn_feeds_dual=True):
+def ref_resi_dual(model, src, prev, c_enc, a_enc, c_dec, a_dec, cross_attn_feeds_dual=True, start=1.0):
     """The authors' ResiDual: x_a = LN(x_a + h), x_d = x_d + c*h per sub-layer; out = a*x_a + LN(x_d).
 
     Embeddings (scaled token embedding + sinusoidal positions) come from the model's own modules:
-    they are fairseq's input pipeline, identical across schemes. Returns log-probs B x T x V and the
-    encoder output S x B x C.
+    they are fairseq's input pipeline, identical across schemes. ``start`` multiplies the embedding
+    the dual streams start from (0: ``--resi-dual-start-from zeros``). Returns log-probs B x T x V and
+    the encoder output S x B x C.
     """
     enc, dec = model.encoder, model.decoder
     pad = enc.padding_idx
@@ -107,7 +108,7 @@ def ref_resi_dual(model, src, prev, c_enc, a_enc, c_dec, a_dec, cross_attn_feeds
     src_pad = src.eq(pad)
     x = x * (1 - src_pad.unsqueeze(-1).float())
     x_a = x.transpose(0, 1)
-    x_d = c_enc * x_a
+    x_d = start * c_enc * x_a
     for layer in enc.layers:
         h = ref_attention(layer.self_attn, x_a, x_a, key_padding_mask=src_pad)
         x_a = ref_ln(layer.self_attn_layer_norm, x_a + h, eps)
@@ -120,7 +121,7 @@ def ref_resi_dual(model, src, prev, c_enc, a_enc, c_dec, a_dec, cross_attn_feeds
     # decoder (with cross-attention: three dual-stream updates per layer)
     y = dec.embed_scale * dec.embed_tokens(prev) + dec.embed_positions(prev)
     y_a = y.transpose(0, 1)
-    y_d = c_dec * y_a
+    y_d = start * c_dec * y_a
     tgt_pad = prev.eq(pad)
     for layer in dec.layers:
         h = ref_attention(layer.self_attn, y_a, y_a, key_padding_mask=tgt_pad, causal=True)
@@ -175,3 +176,22 @@ def test_resi_dual_matches_reference(c_enc, a_enc, c_dec, a_dec):
             model, src, prev, c_enc, a_enc, c_dec, a_dec, cross_attn_feeds_dual=False
         )
     assert (lp_wrong - lp)[tgt_keep].abs().max().item() > 1e-3
+
+
+def test_resi_dual_start_from_zeros_matches_reference():
+    """The ablation ``--resi-dual-start-from zeros``: x_d = c*sum(h), the embedding not in x_d."""
+    d = make_dictionary()
+    flags = ["--residual-scheme", "resi_dual", "--resi-dual-scale", 0.5, "--encoder-layers", 3,
+             "--decoder-layers", 2]
+    model, _, _ = build_model("residual_transformer_tiny", *flags, "--resi-dual-start-from", "zeros",
+                              dictionary=d)
+    src, lengths, prev, tgt = random_batch(d, bsz=5)
+    tgt_keep = prev.ne(d.pad())
+    with torch.no_grad():
+        lp_ref, _ = ref_resi_dual(model, src, prev, 0.5, 1.0, 0.5, 1.0, start=0.0)
+        lp = log_probs(model, src, lengths, prev)
+        lp_emb, _ = ref_resi_dual(model, src, prev, 0.5, 1.0, 0.5, 1.0, start=1.0)
+    assert (lp - lp_ref)[tgt_keep].abs().max().item() <= TOL
+    assert (lp - lp_emb)[tgt_keep].abs().max().item() > 1e-3  # the default start differs
+    with pytest.raises(SystemExit):  # argparse refuses an unknown choice
+        build_model("residual_transformer_tiny", *flags, "--resi-dual-start-from", "noise", dictionary=d)

@@ -13,6 +13,12 @@ code (github.com/microsoft/ResiDual, ``resi_dual/``) computes. ``c`` (``--resi-d
 keeps the running sum inside the fp16 range: ``LN(c*x) = LN(x)`` up to eps. ``alpha`` is the weight of the
 Post-LN stream in the output (1 in the paper).
 
+Ablation, off by default: ``--resi-dual-start-from zeros`` starts the dual stream from zeros instead of the
+embedding output (the authors' code has that line commented out). With ``x_d = c * emb`` and shared
+embeddings, ``LN_final(x_d)`` of a shallow or young model is dominated by the input token's embedding, so
+the decoder output carries a copy of the previous token into the logits; starting from zeros removes that
+term: ``x_d = c * sum(h)``.
+
 ``x_d`` at position t depends only on position t's own sub-layer outputs, so incremental decoding needs
 no cached state for it: the attention key/value caches (reordered by fairseq's
 ``reorder_incremental_state``) are all that carries across time steps.
@@ -33,6 +39,8 @@ from .base import STACKS, ResidualScheme
 # eps of ResiDual's final LayerNorm over the dual stream (the authors' value; fairseq's default is 1e-5).
 # LN(c * x_d) == LN(x_d) only when eps is negligible against var(c * x_d), hence the tiny value.
 FINAL_LN_EPS = 1e-7
+#: What the dual stream can start from: the embedding output (the authors' code) or zeros (ablation).
+START_FROM = ("embedding", "zeros")
 
 
 @dataclass(frozen=True)
@@ -42,12 +50,14 @@ class ResiDualOptions:
     Attributes:
         encoder_scale, decoder_scale: dual-stream scale c per stack, 0 < c <= 1.
         encoder_alpha, decoder_alpha: weight alpha of ``x_a`` in the stack output, finite.
+        start_from: what the dual stream starts from, ``embedding`` (the authors' code) or ``zeros``.
     """
 
     encoder_scale: float = 1.0
     decoder_scale: float = 1.0
     encoder_alpha: float = 1.0
     decoder_alpha: float = 1.0
+    start_from: str = "embedding"
 
     def __post_init__(self):
         for name in ("encoder_scale", "decoder_scale"):
@@ -63,6 +73,10 @@ class ResiDualOptions:
             if not (isinstance(a, (int, float)) and math.isfinite(a)):
                 flag = "--" + name.replace("_alpha", "-resi-dual-alpha")
                 raise ValueError(f"{flag} must be a finite number, got {a!r}")
+        if self.start_from not in START_FROM:
+            raise ValueError(
+                f"--resi-dual-start-from must be one of {', '.join(START_FROM)}, got {self.start_from!r}"
+            )
 
     def scale(self, stack):
         """Dual-stream scale c of ``stack`` ('encoder' or 'decoder')."""
@@ -231,6 +245,13 @@ class ResiDual(ResidualScheme):
                 "alpha*x_a + LN(x_d) (default 1.0)",
             )
 
+        parser.add_argument(
+            "--resi-dual-start-from",
+            choices=START_FROM,
+            help="ResiDual: start the dual stream from the embedding output, x_d = c*emb (default, the "
+            "authors' code), or from zeros, x_d = c*sum(h) (ablation)",
+        )
+
     def fill_defaults(self, args):
         shared = getattr(args, "resi_dual_scale", None)
         args.resi_dual_scale = 1.0 if shared is None else shared
@@ -239,6 +260,8 @@ class ResiDual(ResidualScheme):
                 setattr(args, f"{stack}_resi_dual_scale", args.resi_dual_scale)
             if getattr(args, f"{stack}_resi_dual_alpha", None) is None:
                 setattr(args, f"{stack}_resi_dual_alpha", 1.0)
+        if getattr(args, "resi_dual_start_from", None) is None:
+            args.resi_dual_start_from = "embedding"
 
     def options(self, args):
         return ResiDualOptions(
@@ -246,6 +269,7 @@ class ResiDual(ResidualScheme):
             decoder_scale=float(args.decoder_resi_dual_scale),
             encoder_alpha=float(args.encoder_resi_dual_alpha),
             decoder_alpha=float(args.decoder_resi_dual_alpha),
+            start_from=getattr(args, "resi_dual_start_from", "embedding"),
         )
 
     def encoder_layer(self, cfg):
@@ -258,6 +282,7 @@ class ResiDual(ResidualScheme):
         opts: ResiDualOptions = cfg.residual_options.params
         stack.dual_scale = opts.scale(stack.stack)
         stack.resi_dual_alpha = opts.alpha(stack.stack)
+        stack.dual_start_zeros = opts.start_from == "zeros"
         embed_dim = stack.embed_dim if stack.stack == "decoder" else stack.embed_tokens.embedding_dim
         # LN_final over the dual stream; same parameter name as fairseq's Pre-LN final norm.
         stack.layer_norm = LayerNorm(embed_dim, eps=FINAL_LN_EPS, export=cfg.export)
@@ -267,7 +292,9 @@ class ResiDual(ResidualScheme):
     @staticmethod
     def start_dual_stream(stack, x: Tensor) -> Tensor:
         """``x_d = c * x`` from the embedding output x (T x B x C); x itself when c == 1 (no copy:
-        the dual stream is only ever updated out of place)."""
+        the dual stream is only ever updated out of place); zeros with ``--resi-dual-start-from zeros``."""
+        if stack.dual_start_zeros:
+            return torch.zeros_like(x)
         return x if stack.dual_scale == 1.0 else x * stack.dual_scale
 
     @staticmethod
