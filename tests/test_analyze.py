@@ -25,6 +25,8 @@ from argparse import Namespace
 import pytest
 import torch
 
+from fairseq_residual.schemes import SCHEMES as SCHEME_REGISTRY
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(ROOT, "fairseq_residual")
 CORPUS = os.path.join(ROOT, "data", "ding-de-en")
@@ -275,7 +277,8 @@ def test_pre_ln_top_layers_are_more_alike_than_post_ln(analysis):
 
 def test_json_and_plots_are_written(analysis):
     report, out = analysis
-    assert [m["label"] for m in report["models"]] == ["Post-LN", "Pre-LN", "ResiDual"]
+    # --residual-scheme all: every registered scheme, in the registry's order, with its label
+    assert [m["label"] for m in report["models"]] == [s.label for s in SCHEME_REGISTRY]
     assert report["subset"] == "valid" and report["batches"] == BATCHES
     assert report["command"][:4] == ["fairseq-residual-analyze", report["data"], "--arch", ARCH]
     assert report["fp16_max"] == 65504.0

@@ -1,4 +1,4 @@
-"""Smoke test of the benchmark harness ``scripts/benchmark.py`` (issue #6).
+"""Smoke test of the speed harness ``scripts/benchmark.py``.
 
 Runs the real script on the ``tiny`` shape (2+2 layers, width 64) with one repetition and checks the
 JSON it writes: every model present, positive throughputs and memory, the ratios and goals of the
@@ -12,12 +12,16 @@ import sys
 
 import pytest
 
+from fairseq_residual.schemes import SCHEME_NAMES, SCHEMES
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "benchmark.py")
 
-MODELS = ("transformer_post_ln", "transformer_pre_ln", "post_ln", "pre_ln", "resi_dual")
-BASELINES = {"post_ln": "transformer_post_ln", "pre_ln": "transformer_pre_ln",
-             "resi_dual": "transformer_post_ln"}
+MODELS = ("transformer_post_ln", "transformer_pre_ln") + SCHEME_NAMES  # every registered scheme
+# Pre-LN-type schemes race stock Pre-LN, the others stock Post-LN
+BASELINES = {s.name: "transformer_pre_ln" if s.normalize_before else "transformer_post_ln" for s in SCHEMES}
+assert BASELINES["post_ln"] == "transformer_post_ln" and BASELINES["pre_ln"] == "transformer_pre_ln"
+assert BASELINES["resi_dual"] == "transformer_post_ln"
 
 
 def _positive(x):
