@@ -12,6 +12,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
     packages=find_packages(include=["fairseq_residual", "fairseq_residual.*"]),
+    package_data={"fairseq_residual": ["paper_results.json"]},
     install_requires=[
         # fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed 0.12.3.1 is a source release
         # of fairseq main with that fix. Build it with --no-build-isolation against the CPU torch

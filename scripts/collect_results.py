@@ -15,6 +15,11 @@ Python traceback after the last ``done training``) and left no final checkpoint
 ``diverged (3/3)`` when no seed survived; runs without results and without a sign of divergence are
 ``incomplete`` (still training, or not evaluated yet), and ``–`` marks a grid point without any run.
 
+Beside each depth's column, tables of the paper's benchmarks (``iwslt14``, ``wmt14``, ``opus100``) show the
+number the ResiDual paper reports for the same scheme and depth (``fairseq_residual/paper_results.json``:
+as reported in arXiv 2304.14802, transcribed) and the difference ``Δ`` = your mean − paper, with both BLEU
+types labelled above the table.
+
 Usage::
 
     python scripts/collect_results.py runs/iwslt14 [runs/wmt14 ...] [--metric tokenized_bleu]
@@ -30,6 +35,7 @@ import re
 import statistics
 import sys
 
+from fairseq_residual.paper_results import FAIL, describe, paper_bleu
 from fairseq_residual.schemes import SCHEME_NAMES, labels
 
 RUN_DIR = re.compile(r"^(?P<scheme>[a-z0-9_]+)-(?P<layers>\d+)L-seed(?P<seed>\d+)$")
@@ -140,6 +146,24 @@ def _fmt(values):
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
+def ok_scores(runs, metric):
+    """The finite scores of ``metric`` of the runs that finished without diverging."""
+    return [r["metrics"][metric]["score"] for r in runs
+            if r["status"] == "ok" and metric in r["metrics"]
+            and math.isfinite(r["metrics"][metric]["score"])]
+
+
+def paper_cells(bench, scheme, layers, scores):
+    """The paper's number for (bench, scheme, layers) and the difference of the mean of ``scores``."""
+    paper = paper_bleu(bench, scheme, layers)
+    if paper is None:
+        return "–", "–"
+    if paper == FAIL:
+        return "fail", "–"
+    delta = f"{statistics.mean(scores) - paper:+.2f}" if scores else "–"
+    return f"{paper:.2f}", delta
+
+
 def cell(runs, metric, expected_seeds=None):
     """Markdown cell for one (scheme, depth): mean ± std over seeds, with diverged ones counted.
 
@@ -153,9 +177,7 @@ def cell(runs, metric, expected_seeds=None):
         return "–"  # not run
     seeds = {r["seed"] for r in runs}
     total = max(len(runs), len(seeds | set(expected_seeds or ())))
-    ok = [r["metrics"][metric]["score"] for r in runs
-          if r["status"] == "ok" and metric in r["metrics"]
-          and math.isfinite(r["metrics"][metric]["score"])]
+    ok = ok_scores(runs, metric)
     diverged = sum(r["status"] == "diverged" for r in runs)
     incomplete = sum(r["status"] == "incomplete" for r in runs) + len(set(expected_seeds or ()) - seeds)
     if not ok:
@@ -200,12 +222,20 @@ def table(bench, runs, metric, schemes=None, depths=None, seeds=None):
     if signatures:
         lines.append("Signature: " + "; ".join(f"`{s}`" for s in signatures) + ".")
     lines.append("Mean ± sample standard deviation over seeds; diverged runs are counted, not dropped.")
+    paper = describe(bench)
+    if paper:
+        lines.append(paper + " Δ = the mean of your runs − the paper's number.")
     lines.append("")
-    lines.append("| scheme | " + " | ".join(f"{n}+{n} layers" for n in depths) + " |")
-    lines.append("|---|" + "---|" * len(depths))
+    header = [f"{n}+{n} layers" + (f" | paper {n}+{n} | Δ" if paper else "") for n in depths]
+    lines.append("| scheme | " + " | ".join(header) + " |")
+    lines.append("|---|" + "---|" * (len(depths) * (3 if paper else 1)))
     for s in schemes:
-        row = [cell([r for r in runs if r["scheme"] == s and r["layers"] == n], metric, seeds)
-               for n in depths]
+        row = []
+        for n in depths:
+            here = [r for r in runs if r["scheme"] == s and r["layers"] == n]
+            row.append(cell(here, metric, seeds))
+            if paper:
+                row.extend(paper_cells(bench, s, n, ok_scores(here, metric)))
         lines.append(f"| {SCHEME_LABEL.get(s, s)} | " + " | ".join(row) + " |")
     lines.append("")
     return "\n".join(lines)

@@ -279,9 +279,13 @@ def test_collect_results_table_keeps_diverged_runs(tmp_path):
     collect_results.main([str(tmp_path / "iwslt14"), "--seeds", "1,2,3", "--out", str(md_file),
                           "--json", str(tmp_path / "runs.json")])
     text = md_file.read_text()
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-            for line in text.splitlines() if line.startswith("| ") and "scheme" not in line}
-    assert text.count("| scheme | 6+6 layers | 12+12 layers |") == 1
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+             for line in text.splitlines() if line.startswith("| ") and "scheme" not in line}
+    # each depth: your cell, the paper's number, the difference (the paper's IWSLT14 table)
+    assert text.count("| scheme | 6+6 layers | paper 6+6 | Δ | 12+12 layers | paper 12+12 | Δ |") == 1
+    rows = {k: v[0::3] for k, v in cells.items()}
+    paper = {k: v[1::3] for k, v in cells.items()}
+    delta = {k: v[2::3] for k, v in cells.items()}
     post = [35.0, 35.5, 36.1]
     assert rows["Post-LN"] == [f"{statistics.mean(post):.2f} ± {statistics.stdev(post):.2f}",
                                "diverged (2/3)"]
@@ -291,7 +295,26 @@ def test_collect_results_table_keeps_diverged_runs(tmp_path):
     assert rows["ResiDual"][1] == "–"
     assert rows["Pre-LN"] == ["incomplete", "34.90 (n=1; 2/3 incomplete)"]
     assert list(rows) == ["Post-LN", "Pre-LN", "ResiDual"]
+    # arXiv 2304.14802's IWSLT14 numbers: Post-LN 35.37 / fail, Pre-LN 35.12 / 35.18, ResiDual 35.63 / 36.09
+    assert paper == {"Post-LN": ["35.37", "fail"], "Pre-LN": ["35.12", "35.18"], "ResiDual": ["35.63", "36.09"]}
+    assert delta["Post-LN"] == [f"{statistics.mean(post) - 35.37:+.2f}", "–"]
+    assert delta["ResiDual"] == [f"{statistics.mean(resi) - 35.63:+.2f}", "–"]
+    assert delta["Pre-LN"] == ["–", f"{34.9 - 35.18:+.2f}"]
+    assert "as reported in arXiv 2304.14802" in text and "transcribed" in text
+    assert "Paper's BLEU type: not stated in the paper" in text and "tokenized lowercased BLEU" in text
     assert "Minimum loss scale reached" in text and "crashed without a final checkpoint" in text
     assert "nan/inf loss" in text
     runs = json.loads((tmp_path / "runs.json").read_text())
     assert len(runs["iwslt14"]) == 10
+
+
+def test_collect_results_without_paper_numbers(tmp_path):
+    """A benchmark the paper does not have (the demo corpus) gets no paper columns."""
+    done = "[fairseq_cli.train][INFO] - done training in 100.0 seconds\n"
+    make_run(tmp_path, "post_ln-6L-seed1", 5.0, done)
+    (tmp_path / "iwslt14").rename(tmp_path / "ding")
+    md_file = tmp_path / "table.md"
+    collect_results.main([str(tmp_path / "ding"), "--out", str(md_file)])
+    text = md_file.read_text()
+    assert "| scheme | 6+6 layers |" in text and "paper" not in text
+    assert "| Post-LN | 5.00 |" in text
