@@ -5,7 +5,7 @@ Load it with ``--user-dir fairseq_residual`` (fairseq-train, -generate, -interac
 ``--arch`` presets. One module per concern: ``schemes`` (one module per residual scheme behind one
 registry), ``config`` (options), ``layers`` (sub-layers shared by the schemes' layers),
 ``encoder_decoder`` (stacks), ``model`` (registration and presets), ``checkpoint_compat`` (loading
-fairseq checkpoints under torch >= 2.6), ``tasks`` (the ``translation_with_grad_norms`` task).
+fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving and resuming), ``tasks`` (the ``translation_with_grad_norms`` task).
 ``analyze`` (the ``fairseq-residual-analyze`` command) registers nothing: not imported here.
 """
-from . import checkpoint_compat, cli_help, config, encoder_decoder, layers, model, schemes, tasks  # noqa: F401
+from . import checkpoint_compat, checkpoint_safety, cli_help, config, encoder_decoder, layers, model, schemes, tasks  # noqa: F401
