@@ -1,0 +1,60 @@
+"""Errors a user meets outside the model's maths: the plugin loaded twice under two module names, and
+every ``--arch`` preset given every invalid ResiDual constant."""
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, USER_DIR, build_model, cli_env, make_dictionary
+from fairseq_residual.model import ARCH_NAMES
+
+SMALL = ["--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 16, "--decoder-embed-dim", 16,
+         "--encoder-ffn-embed-dim", 16, "--decoder-ffn-embed-dim", 16, "--encoder-attention-heads", 2,
+         "--decoder-attention-heads", 2]
+INVALID = [
+    ("--resi-dual-scale", 0, "must be in (0, 1]"),
+    ("--resi-dual-scale", -0.5, "must be in (0, 1]"),
+    ("--resi-dual-scale", 1.5, "must be in (0, 1]"),
+    ("--resi-dual-scale", math.nan, "must be in (0, 1]"),
+    ("--encoder-resi-dual-scale", 0, "--encoder-resi-dual-scale (or --resi-dual-scale) must be in (0, 1]"),
+    ("--decoder-resi-dual-scale", 2.0, "--decoder-resi-dual-scale (or --resi-dual-scale) must be in (0, 1]"),
+    ("--decoder-resi-dual-alpha", math.inf, "--decoder-resi-dual-alpha must be a finite number"),
+]
+
+
+@pytest.mark.parametrize("flag, value, message", INVALID, ids=[f"{f}={v}" for f, v, _ in INVALID])
+def test_every_preset_refuses_every_invalid_resi_dual_constant(flag, value, message):
+    """No preset substitutes its own default for an explicit invalid value (opus100's c = 0.05 did)."""
+    d = make_dictionary()
+    for arch in ARCH_NAMES:
+        with pytest.raises(ValueError) as err:
+            build_model(arch, "--residual-scheme", "resi_dual", *SMALL, flag, value, dictionary=d)
+        assert message in str(err.value), (arch, str(err.value))
+
+
+def test_opus100_preset_default_and_explicit_scale():
+    d = make_dictionary()
+    model, args, _ = build_model("residual_transformer_opus100", *SMALL, dictionary=d)
+    assert args.resi_dual_scale == 0.05 and model.encoder.dual_scale == 0.05
+    model, args, _ = build_model("residual_transformer_opus100", *SMALL, "--resi-dual-scale", 1, dictionary=d)
+    assert model.encoder.dual_scale == 1.0
+
+
+def test_second_copy_of_the_plugin_is_refused_with_both_paths(tmp_path):
+    copy = tmp_path / "fairseq_residual2"
+    shutil.copytree(USER_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); import fairseq_residual\n"
+        "from fairseq import options, utils\n"
+        f"utils.import_user_module(type('A', (), {{'user_dir': {str(copy)!r}}})())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "DuplicatePluginError" in err and "Cannot register duplicate" not in err, err[-2000:]
+    assert f"as module 'fairseq_residual2' from {copy}" in err
+    assert f"module 'fairseq_residual' from {USER_DIR} already registered the model 'residual_transformer'" in err
+    assert "Load one copy only" in err
