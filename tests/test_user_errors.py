@@ -58,3 +58,36 @@ def test_second_copy_of_the_plugin_is_refused_with_both_paths(tmp_path):
     assert f"as module 'fairseq_residual2' from {copy}" in err
     assert f"module 'fairseq_residual' from {USER_DIR} already registered the model 'residual_transformer'" in err
     assert "Load one copy only" in err
+
+
+def test_stock_transformer_checkpoint_loads_into_matching_scheme(tiny_data_bin, tmp_path):
+    """The README's command: a stock ``--arch transformer_tiny`` checkpoint (Post-LN) runs as
+    ``residual_transformer`` with ``--model-overrides "{'_name': 'residual_transformer', ...}"``, with the
+    same log-probabilities as fairseq's own model."""
+    import torch
+    from fairseq import checkpoint_utils
+
+    from conftest import random_batch, run_cli
+    from fairseq_residual.model import ResidualTransformerModel
+
+    _, data_bin = tiny_data_bin
+    save = tmp_path / "stock"
+    run_cli(["fairseq-train", data_bin, "--arch", "transformer_tiny", "--optimizer", "adam", "--lr", "1e-3",
+             "--max-tokens", 600, "--max-update", 2, "--save-dir", save, "--no-epoch-checkpoints",
+             "--required-batch-size-multiple", 1, "--disable-validation", "--num-workers", 0])
+    path = str(save / "checkpoint_last.pt")
+    (stock,), _, task = checkpoint_utils.load_model_ensemble_and_task([path])
+    overrides = {"_name": "residual_transformer", "residual_scheme": "post_ln"}
+    # as fairseq-generate does: the task comes from the command line, the overrides reach the model
+    (ours,), _, _ = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides, task=task)
+    assert isinstance(ours, ResidualTransformerModel) and ours.residual_scheme == "post_ln"
+    assert not isinstance(stock, ResidualTransformerModel)
+    stock.eval(), ours.eval()
+    src, lengths, prev, _ = random_batch(task.source_dictionary, bsz=3)
+    with torch.no_grad():
+        a = stock.get_normalized_probs(stock(src, lengths, prev), log_probs=True)
+        b = ours.get_normalized_probs(ours(src, lengths, prev), log_probs=True)
+    assert (a - b).abs().max().item() <= 1e-5
+    gen = run_cli(["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", path, "--beam", 2,
+                   "--required-batch-size-multiple", 1, "--model-overrides", repr(overrides)])
+    assert gen.stdout.count("\nH-") == 24 and "Generate test with beam=2" in gen.stdout
