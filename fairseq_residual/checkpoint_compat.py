@@ -3,13 +3,21 @@
 fairseq 0.12 calls ``torch.load(f, map_location="cpu")`` on checkpoints that pickle the training
 ``argparse.Namespace`` (and, after some runs, numpy scalars such as a best-BLEU value). With
 ``weights_only=True`` these loads fail with ``Unsupported global: argparse.Namespace``, which breaks
-``fairseq-generate`` and resuming training (reference notes, section 5). The common workaround,
+``fairseq-generate`` and resuming training. The common workaround,
 ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, turns the safe loader off for every load in the process.
 
 Instead, importing this plugin adds exactly the types fairseq checkpoints contain to torch's
 allow-list (``torch.serialization.add_safe_globals``): the restricted unpickler stays on, and a file
 carrying any other global is still refused.
+
+Resuming with several processes needs more: rank 0 reads the checkpoint, upgrades it (its ``cfg`` becomes
+an omegaconf ``DictConfig``) and sends it to the other ranks with ``torch.save`` / ``torch.load`` over a
+buffer (``fairseq/distributed/utils.py``, ``_broadcast_object_slow``); that ``torch.load`` meets
+omegaconf's container and node classes, which are allow-listed too (found by a real 2-task SLURM resume,
+``tests/test_slurm.py``).
 """
+import collections
+import typing
 import argparse
 
 import numpy as np
@@ -17,6 +25,21 @@ import torch
 
 #: Types that fairseq 0.12 writes into checkpoints besides tensors and builtins.
 FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace]
+
+
+def _omegaconf_globals():
+    """What pickle needs to rebuild an upgraded fairseq state sent between ranks: its omegaconf ``DictConfig``
+    and fairseq's tensor placeholders."""
+    from fairseq.distributed import utils as distributed_utils
+    from omegaconf import base, dictconfig, listconfig, nodes
+
+    node_types = [getattr(nodes, name) for name in (
+        "AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode", "EnumNode", "BytesNode",
+        "PathNode") if hasattr(nodes, name)]
+    # fairseq's broadcast replaces each tensor by a _TensorPlaceholder(index) before pickling
+    placeholder = [distributed_utils._TensorPlaceholder] if hasattr(distributed_utils, "_TensorPlaceholder") else []
+    return [*placeholder, dictconfig.DictConfig, listconfig.ListConfig, base.Metadata, base.ContainerMetadata,
+            *node_types, typing.Any, dict, list, int, float, str, bool, collections.defaultdict]
 
 
 def _numpy_scalar_globals():
@@ -42,7 +65,7 @@ def allow_fairseq_checkpoints():
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is None:
         return []
-    types = FAIRSEQ_CHECKPOINT_GLOBALS + _numpy_scalar_globals()
+    types = FAIRSEQ_CHECKPOINT_GLOBALS + _numpy_scalar_globals() + _omegaconf_globals()
     add(types)
     return types
 

@@ -338,8 +338,18 @@ build_command() {  # build_command SCHEME LAYERS SEED RUN_DIR -> CMD array
                  'distributed_training.distributed_rank=${oc.env:RANK}'
                  'distributed_training.device_id=${oc.env:LOCAL_RANK}') ;;
         slurm)
-            # fairseq reads SLURM_* (rank = SLURM_PROCID, device = SLURM_LOCALID) and needs a port
-            ov+=('@RAW@distributed_training.distributed_port=$PORT') ;;
+            if [[ $CPU == 1 ]]; then
+                # fairseq's own SLURM setup calls torch.cuda.set_device(SLURM_LOCALID) on every task
+                # but the first of a node, which fails without CUDA: give the init method and the
+                # rank explicitly (each srun task reads its own SLURM_PROCID), as for torchrun
+                ov+=('@RAW@distributed_training.distributed_init_method=tcp://$MASTER_HOST:$PORT'
+                     distributed_training.distributed_no_spawn=true
+                     'distributed_training.distributed_rank=${oc.env:SLURM_PROCID}'
+                     distributed_training.device_id=0)
+            else
+                # fairseq reads SLURM_* (rank = SLURM_PROCID, device = SLURM_LOCALID) and needs a port
+                ov+=('@RAW@distributed_training.distributed_port=$PORT')
+            fi ;;
     esac
     local restore
     restore="$(restore_override "$run_dir")"
@@ -378,6 +388,7 @@ sbatch_script() {  # sbatch_script RUN_DIR JOB_NAME: the sbatch file of the curr
     echo "set -euo pipefail"
     echo "cd $(printf '%q' "$PWD")"
     echo "PORT=\$((20000 + SLURM_JOB_ID % 20000))"
+    [[ $CPU == 0 ]] || echo "MASTER_HOST=\$(scontrol show hostnames \"\$SLURM_JOB_NODELIST\" | head -n 1)"
     echo "srun --kill-on-bad-exit=1 $(quote_cmd "${CMD[@]}")"
 }
 
