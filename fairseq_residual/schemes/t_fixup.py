@@ -1,0 +1,161 @@
+"""T-Fixup (Huang et al., ICML 2020, "Improving Transformer Optimization Through Better Initialization",
+section 3.3, algorithm 1): no LayerNorm anywhere, ``x = x + drop(F(x))`` after every sub-layer, and a
+depth-scaled initialisation that makes training stable without learning-rate warm-up.
+
+As layer6ai-labs/T-Fixup computes it (``fairseq/modules/transformer_layer.py`` ``fixup_initialization``,
+``fairseq/models/transformer.py``), for N encoder and M decoder layers, after the base initialisation:
+
+* base: fairseq's attention init (q/k/v xavier_uniform gain 2^-1/2, out_proj xavier_uniform), and the
+  reference's fc1/fc2 **xavier_uniform with bias 0** (its fairseq 0.9 ``Linear`` helper; fairseq 0.12
+  builds them with ``nn.Linear``'s default, so they are re-drawn here);
+* encoder layers: fc1, fc2, self_attn.out_proj weights x ``0.67 * N^(-1/4)``; self_attn.v_proj weight x
+  ``0.67 * N^(-1/4) * sqrt(2)`` (the sqrt(2) undoes the 2^-1/2 gain);
+* decoder layers: fc1, fc2, self_attn.out_proj, encoder_attn.out_proj weights x ``(9M)^(-1/4)``;
+  self_attn.v_proj, encoder_attn.v_proj weights x ``(9M)^(-1/4) * sqrt(2)``;
+* embeddings: the encoder's token table x ``(9N)^(-1/4)``, the decoder's x ``(9M)^(-1/4)``; with
+  ``--share-all-embeddings`` the one shared table is scaled once, by the encoder's factor. The sqrt(d)
+  input scale is kept and positions are not scaled; a separate output projection keeps N(0, d^-1/2).
+  q/k weights and every bias keep their values.
+
+The paper writes the algorithm with one depth for both stacks; the code (followed here) uses N on the
+encoder side and M on the decoder side.
+
+Training: the reference trains without warm-up (``--lr-scheduler inverse_sqrt_nowarmup --decay-period
+4000``, lr 5e-4; ``Train_IWSLT_TFixup_example.sh``), which ``fairseq_residual.lr_scheduler`` provides.
+A warm-up is allowed but logged as a departure from the recipe.
+
+The layers are fairseq's Post-LN layers with every LayerNorm replaced by the identity (no LayerNorm
+parameters in the checkpoint), so fairseq's forward, incremental decoding and caches run unchanged.
+"""
+import logging
+import math
+
+import torch.nn as nn
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+from ..layers import refuse_decoder_extras
+from .base import ResidualScheme
+
+logger = logging.getLogger(__name__)
+
+_LAYER_NORMS = ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")
+
+
+def t_fixup_constants(encoder_layers: int, decoder_layers: int):
+    """T-Fixup's scales for N encoder and M decoder layers.
+
+    Returns:
+        dict with ``encoder`` (``0.67 * N^(-1/4)``, encoder fc1/fc2/out_proj), ``decoder``
+        (``(9M)^(-1/4)``, decoder fc1/fc2/out_projs), ``encoder_embed`` (``(9N)^(-1/4)``) and
+        ``decoder_embed`` (``(9M)^(-1/4)``); v_proj weights get the stack's scale times sqrt(2).
+
+    Source: layer6ai-labs/T-Fixup, fairseq/modules/transformer_layer.py (``fixup_initialization`` of the
+    encoder and decoder layers) and fairseq/models/transformer.py (embedding scaling).
+    """
+    n, m = float(encoder_layers), float(decoder_layers)
+    return dict(
+        encoder=0.67 * n ** (-1 / 4),
+        decoder=(9 * m) ** (-1 / 4),
+        encoder_embed=(9 * n) ** (-1 / 4),
+        decoder_embed=(9 * m) ** (-1 / 4),
+    )
+
+
+#: The weights each stack's layers scale: name -> extra factor on top of the stack's scale.
+SCALED_WEIGHTS = {
+    "encoder": {"fc1.weight": 1.0, "fc2.weight": 1.0, "self_attn.out_proj.weight": 1.0,
+                "self_attn.v_proj.weight": math.sqrt(2)},
+    "decoder": {"fc1.weight": 1.0, "fc2.weight": 1.0, "self_attn.out_proj.weight": 1.0,
+                "encoder_attn.out_proj.weight": 1.0, "self_attn.v_proj.weight": math.sqrt(2),
+                "encoder_attn.v_proj.weight": math.sqrt(2)},
+}
+
+
+def _drop_layer_norms(layer):
+    for name in _LAYER_NORMS:
+        if getattr(layer, name, None) is not None:
+            setattr(layer, name, nn.Identity())
+
+
+class TFixupEncoderLayer(TransformerEncoderLayerBase):
+    """fairseq's Post-LN encoder layer without LayerNorms: ``x = x + drop(F(x))`` per sub-layer.
+
+    Args:
+        cfg: fairseq ``TransformerConfig`` (``cfg.encoder.normalize_before`` False).
+    """
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        _drop_layer_norms(self)
+
+
+class TFixupDecoderLayer(TransformerDecoderLayerBase):
+    """fairseq's Post-LN decoder layer without LayerNorms, for all three sub-layers.
+
+    Args:
+        cfg: fairseq ``TransformerConfig``; NormFormer options and ``--cross-self-attention`` are refused.
+        no_encoder_attn: build no encoder-decoder attention.
+    """
+
+    def __init__(self, cfg, no_encoder_attn=False):
+        refuse_decoder_extras(cfg, "t_fixup")
+        super().__init__(cfg, no_encoder_attn=no_encoder_attn)
+        _drop_layer_norms(self)
+
+
+class TFixup(ResidualScheme):
+    name = "t_fixup"
+    label = "T-Fixup"
+    scheme_id = 5
+    color = "tab:brown"
+    update = "x = x + drop(F(x)), no LayerNorm; depth-scaled init (0.67 N^-1/4, (9M)^-1/4), no warm-up"
+    output = "x"
+    source = "Huang et al. 2020, ICML, section 3.3, algorithm 1"
+    reference = "layer6ai-labs/T-Fixup, fairseq/modules/transformer_layer.py, fairseq/models/transformer.py"
+
+    def check_args(self, args):
+        """Refuse LayerNorm options (T-Fixup has none) and log a warm-up (the recipe has none).
+
+        Raises:
+            ValueError: ``--layernorm-embedding`` or ``--{encoder,decoder}-normalize-before``.
+        """
+        super().check_args(args)
+        if getattr(args, "layernorm_embedding", False):
+            raise ValueError(
+                "--layernorm-embedding adds a LayerNorm but --residual-scheme t_fixup has none anywhere "
+                "(its initialisation replaces them): drop --layernorm-embedding"
+            )
+        warmup = getattr(args, "warmup_updates", 0) or 0
+        if getattr(args, "lr_scheduler", None) is not None and warmup > 0:
+            logger.warning(
+                "T-Fixup is initialised to train without learning-rate warm-up, but --warmup-updates is "
+                "%d; the reference recipe uses --lr-scheduler inverse_sqrt_nowarmup --decay-period 4000 "
+                "(layer6ai-labs/T-Fixup, Train_IWSLT_TFixup_example.sh)", warmup,
+            )
+
+    def encoder_layer(self, cfg):
+        return TFixupEncoderLayer(cfg)
+
+    def decoder_layer(self, cfg, no_encoder_attn):
+        return TFixupDecoderLayer(cfg, no_encoder_attn)
+
+    def initialize(self, model, args):
+        """Re-draw fc1/fc2 (xavier_uniform, bias 0), then scale layer weights and token embeddings."""
+        const = t_fixup_constants(len(model.encoder.layers), len(model.decoder.layers))
+        for stack in ("encoder", "decoder"):
+            for layer in getattr(model, stack).layers:
+                for fc in (layer.fc1, layer.fc2):
+                    nn.init.xavier_uniform_(fc.weight)
+                    nn.init.constant_(fc.bias, 0.0)
+                params = dict(layer.named_parameters())
+                for name, extra in SCALED_WEIGHTS[stack].items():
+                    if name in params:  # encoder_attn.* is absent in a decoder without cross-attention
+                        params[name].data.mul_(const[stack] * extra)
+        enc_table = model.encoder.embed_tokens.weight
+        dec_table = model.decoder.embed_tokens.weight
+        enc_table.data.mul_(const["encoder_embed"])
+        if dec_table is not enc_table:  # --share-all-embeddings: scaled once, by the encoder's factor
+            dec_table.data.mul_(const["decoder_embed"])
+
+
+SCHEME = TFixup()
