@@ -141,3 +141,32 @@ def fresh_copy(tmp_path):
         return dst
 
     return _copy
+
+
+SHIPPED_CORPUS = REPO / "data" / "ding-de-en"
+
+
+@pytest.fixture(scope="session")
+def shipped_data_bin(tmp_path_factory):
+    """The first pairs of the shipped German-English corpus (data/ding-de-en), whitespace-tokenised and
+    binarized with a joined dictionary capped at 2,000 types: ``(raw_dir, bin_dir)``, lang de -> en.
+
+    400 training pairs and 24 valid/test pairs: enough for a few real updates and beam search on real
+    text, small enough for CI."""
+    root = tmp_path_factory.mktemp("shipped_corpus")
+    raw = root / "raw"
+    raw.mkdir()
+    for split, n in (("train", 400), ("valid", 24), ("test", 24)):
+        for lang in ("de", "en"):
+            with open(SHIPPED_CORPUS / f"{split}.{lang}", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(n)]
+            (raw / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
+    binned = root / "bin"
+    run_cli(
+        [
+            "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
+            "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
+            "--destdir", binned, "--joined-dictionary", "--nwordssrc", "2000", "--workers", "1",
+        ]
+    )
+    return raw, binned

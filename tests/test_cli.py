@@ -1,5 +1,6 @@
 """End to end through the real CLIs: fairseq-preprocess -> fairseq-train -> fairseq-generate, resume,
 fairseq-hydra-train, and the errors a user meets (wrong flag, checkpoint of another scheme)."""
+import math
 import re
 import textwrap
 
@@ -8,7 +9,7 @@ import torch
 
 from conftest import USER_DIR, run_cli
 from fairseq_residual.model import ARCH_NAMES
-from fairseq_residual.schemes import SCHEME_NAMES
+from fairseq_residual.schemes import SCHEME_NAMES, get_scheme
 
 TRAIN_FLAGS = [
     "--optimizer", "adam", "--lr", "5e-3", "--criterion", "label_smoothed_cross_entropy",
@@ -47,23 +48,27 @@ def test_help_lists_every_preset():
         assert flag in out
 
 
-@pytest.mark.parametrize("scheme", ["post_ln", "pre_ln", "resi_dual"])
-def test_train_generate_resume(scheme, tiny_data_bin, tmp_path):
-    raw, data_bin = tiny_data_bin
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_train_generate_resume(scheme, shipped_data_bin, tmp_path):
+    """Every registered scheme trains on the shipped corpus, translates with beam 5, and resumes."""
+    raw, data_bin = shipped_data_bin
     save = tmp_path / "ckpt"
     arch_flags = ["--arch", "residual_transformer_tiny", "--residual-scheme", scheme]
     log = train(data_bin, save, *arch_flags, max_update=6).stdout
     assert "num_updates=6" in log or "num_updates 6" in log
+    losses = [float(v) for v in re.findall(r"\| loss (\S+) \|", log)]
+    assert losses and all(math.isfinite(v) for v in losses), "finite training loss"
     state = load_checkpoint(save / "checkpoint_last.pt")
-    assert int(state["model"]["encoder.residual_scheme_id"]) == ["post_ln", "pre_ln", "resi_dual"].index(scheme)
+    assert int(state["model"]["encoder.residual_scheme_id"]) == get_scheme(scheme).scheme_id
     assert state["optimizer_history"][-1]["num_updates"] == 6
 
     gen = run_cli(
         ["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
-         "--beam", "5", "--batch-size", "16", "--required-batch-size-multiple", "1", "--num-workers", "0"]
+         "--beam", "5", "--max-len-b", "20", "--batch-size", "16", "--required-batch-size-multiple", "1",
+         "--num-workers", "0"]
     ).stdout
     hyps = [line for line in gen.splitlines() if line.startswith("H-")]
-    n_test = sum(1 for _ in open(raw / "test.src"))
+    n_test = sum(1 for _ in open(raw / "test.de", encoding="utf-8"))
     assert len(hyps) == n_test, "every test sentence is translated"
     assert re.search(r"Generate test with beam=5: BLEU4 = \d+\.\d+", gen)
 

@@ -15,6 +15,8 @@ _SCHEME_MODULES = (
     "post_ln",
     "pre_ln",
     "deepnorm",
+    "t_fixup",
+    "b2t",
     "resi_dual",
 )
 

@@ -1,0 +1,317 @@
+"""DeepNorm, B2T and T-Fixup compute what their reference code computes, and initialise as it does.
+
+Exactness: each scheme's encoder output and decoder log-probabilities equal an independent plain-PyTorch
+transcription of the reference's layer math written here (same weights, dropout off, padding in the
+batch, N = 3 encoder and M = 2 decoder layers so that swapped encoder/decoder constants show), and each
+transcription is shown sensitive by a negative control that drops the scheme's defining term.
+
+Initialisation: built with the same seed as ``post_ln`` (fairseq's own layers draw the same random
+numbers), each scaled parameter equals the Post-LN one times the reference's factor, element by
+element, and every other parameter is untouched.
+
+References: microsoft/torchscale torchscale/architecture/{encoder,decoder}.py (DeepNorm);
+takase/b2t_connection fairseq/modules/transformer_layer.py (B2T); layer6ai-labs/T-Fixup
+fairseq/modules/transformer_layer.py, fairseq/models/transformer.py and
+fairseq/optim/lr_scheduler/inverse_sqrt_nowarmup_schedule.py (T-Fixup).
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import build_model, make_dictionary, random_batch
+from test_exactness import ref_attention, ref_ffn, ref_ln
+
+TOL = 1e-5
+N_ENC, N_DEC = 3, 2
+DEPTH = ["--encoder-layers", N_ENC, "--decoder-layers", N_DEC]
+EPS = 1e-5  # fairseq's LayerNorm eps
+
+
+# ---------------------------------------------------------------------------------------------
+# Transcriptions of each reference's layer math, on the model's raw weights
+# ---------------------------------------------------------------------------------------------
+
+
+def deepnorm_layers(alpha_enc, alpha_dec):
+    """torchscale's DeepNorm Post-LN layers: x = LN(alpha * x + F(x)) per sub-layer."""
+
+    def enc(layer, x, pad):
+        x = ref_ln(layer.self_attn_layer_norm, alpha_enc * x + ref_attention(layer.self_attn, x, x, pad), EPS)
+        return ref_ln(layer.final_layer_norm, alpha_enc * x + ref_ffn(layer, x), EPS)
+
+    def dec(layer, y, enc_out, src_pad, tgt_pad):
+        y = ref_ln(layer.self_attn_layer_norm,
+                   alpha_dec * y + ref_attention(layer.self_attn, y, y, tgt_pad, causal=True), EPS)
+        y = ref_ln(layer.encoder_attn_layer_norm,
+                   alpha_dec * y + ref_attention(layer.encoder_attn, y, enc_out, src_pad), EPS)
+        return ref_ln(layer.final_layer_norm, alpha_dec * y + ref_ffn(layer, y), EPS)
+
+    return enc, dec
+
+
+def b2t_layers(bottom_to_top=True):
+    """takase/b2t_connection: Post-LN, plus the layer input added before the layer's last LN."""
+    b = 1.0 if bottom_to_top else 0.0
+
+    def enc(layer, x, pad):
+        h = ref_ln(layer.self_attn_layer_norm, x + ref_attention(layer.self_attn, x, x, pad), EPS)
+        return ref_ln(layer.final_layer_norm, h + ref_ffn(layer, h) + b * x, EPS)
+
+    def dec(layer, y, enc_out, src_pad, tgt_pad):
+        h1 = ref_ln(layer.self_attn_layer_norm, y + ref_attention(layer.self_attn, y, y, tgt_pad, causal=True), EPS)
+        h2 = ref_ln(layer.encoder_attn_layer_norm, h1 + ref_attention(layer.encoder_attn, h1, enc_out, src_pad), EPS)
+        return ref_ln(layer.final_layer_norm, h2 + ref_ffn(layer, h2) + b * y, EPS)
+
+    return enc, dec
+
+
+def t_fixup_layers(cross_attention=True):
+    """layer6ai-labs/T-Fixup with --dont-use-layernorm: x = x + F(x) per sub-layer, no LN at all."""
+
+    def enc(layer, x, pad):
+        x = x + ref_attention(layer.self_attn, x, x, pad)
+        return x + ref_ffn(layer, x)
+
+    def dec(layer, y, enc_out, src_pad, tgt_pad):
+        y = y + ref_attention(layer.self_attn, y, y, tgt_pad, causal=True)
+        if cross_attention:
+            y = y + ref_attention(layer.encoder_attn, y, enc_out, src_pad)
+        return y + ref_ffn(layer, y)
+
+    return enc, dec
+
+
+def ref_forward(model, src, prev, enc_layer, dec_layer):
+    """Embeddings from the model's own modules (fairseq's input pipeline, the same for every scheme),
+    then the transcribed layers, no stack LayerNorm, the output projection.
+
+    Returns ``(log-probs B x T x V, encoder output S x B x C)``.
+    """
+    enc, dec = model.encoder, model.decoder
+    pad = enc.padding_idx
+    src_pad = src.eq(pad)
+    x = enc.embed_scale * enc.embed_tokens(src) + enc.embed_positions(src)
+    x = (x * (1 - src_pad.unsqueeze(-1).float())).transpose(0, 1)
+    for layer in enc.layers:
+        x = enc_layer(layer, x, src_pad)
+    y = (dec.embed_scale * dec.embed_tokens(prev) + dec.embed_positions(prev)).transpose(0, 1)
+    tgt_pad = prev.eq(pad)
+    for layer in dec.layers:
+        y = dec_layer(layer, y, x, src_pad, tgt_pad)
+    logits = F.linear(y.transpose(0, 1), dec.output_projection.weight)
+    return torch.log_softmax(logits, dim=-1), x
+
+
+def deepnorm_alphas():
+    return 0.81 * (N_ENC ** 4 * N_DEC) ** (1 / 16), (3 * N_DEC) ** (1 / 4)
+
+
+# scheme -> (the reference's layers, the same with its defining term removed)
+CASES = {
+    "deepnorm": (lambda: deepnorm_layers(*deepnorm_alphas()), lambda: deepnorm_layers(1.0, 1.0)),
+    "b2t": (lambda: b2t_layers(True), lambda: b2t_layers(False)),
+    "t_fixup": (lambda: t_fixup_layers(True), lambda: t_fixup_layers(False)),
+}
+
+
+def randomise_layer_norms(model, seed=1):
+    """Non-trivial LayerNorm affine parameters, so that a misplaced LN shows."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+
+
+@pytest.mark.parametrize("shared_embeddings", [False, True], ids=["separate-emb", "shared-emb"])
+@pytest.mark.parametrize("scheme", sorted(CASES))
+def test_scheme_matches_reference_transcription(scheme, shared_embeddings):
+    d = make_dictionary()
+    extra = ["--share-all-embeddings"] if shared_embeddings else []
+    model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", scheme, *DEPTH, *extra,
+                              dictionary=d)
+    assert model.residual_scheme == scheme
+    assert model.encoder.layer_norm is None and model.decoder.layer_norm is None  # no stack LN
+    randomise_layer_norms(model)
+    src, lengths, prev, _ = random_batch(d, bsz=5)
+    assert src.eq(d.pad()).any() and prev.eq(d.pad()).any(), "the batch must contain padding"
+    reference, control = CASES[scheme]
+    with torch.no_grad():
+        lp_ref, enc_ref = ref_forward(model, src, prev, *reference())
+        enc = model.encoder(src, src_lengths=lengths)["encoder_out"][0]
+        lp = model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
+        lp_ctl, _ = ref_forward(model, src, prev, *control())
+    keep_src = src.ne(d.pad()).t()  # S x B: fairseq leaves padded encoder rows unspecified
+    keep_tgt = prev.ne(d.pad())
+    assert (enc - enc_ref)[keep_src].abs().max().item() <= TOL
+    assert (lp - lp_ref)[keep_tgt].abs().max().item() <= TOL
+    # negative control: the transcription without the scheme's defining term is far off
+    assert (lp - lp_ctl)[keep_tgt].abs().max().item() > 1e-3
+
+
+def test_deepnorm_constants_are_per_stack():
+    """Swapping N and M changes DeepNorm's encoder alpha: an N/M mix-up cannot pass unnoticed."""
+    from fairseq_residual.schemes.deepnorm import deepnorm_constants
+
+    c = deepnorm_constants(N_ENC, N_DEC)
+    assert c["encoder_alpha"] == pytest.approx(deepnorm_alphas()[0])
+    assert c["decoder_alpha"] == pytest.approx(deepnorm_alphas()[1])
+    assert c["encoder_beta"] == pytest.approx(1.15 * (N_ENC ** 4 * N_DEC) ** (-1 / 16))
+    assert c["decoder_beta"] == pytest.approx((12 * N_DEC) ** (-1 / 4))
+    assert deepnorm_constants(N_DEC, N_ENC)["encoder_alpha"] != pytest.approx(c["encoder_alpha"])
+    # the table of common depths (6+6, 12+12, 18+18) in the torchscale / DeepNet papers
+    six = deepnorm_constants(6, 6)
+    assert (round(six["encoder_alpha"], 3), round(six["decoder_alpha"], 3)) == (1.418, 2.060)
+    assert (round(six["encoder_beta"], 3), round(six["decoder_beta"], 3)) == (0.657, 0.343)
+
+
+# ---------------------------------------------------------------------------------------------
+# Initialisation against the same model built with post_ln and the same seed
+# ---------------------------------------------------------------------------------------------
+
+
+def build_seeded(scheme, *flags, seed=7):
+    torch.manual_seed(seed)
+    model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", scheme, *DEPTH, *flags,
+                              dictionary=make_dictionary())
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def expected_factor(scheme, name):
+    """The reference's multiplier of parameter ``name`` relative to fairseq's default init (None: the
+    parameter is re-drawn, not scaled)."""
+    stack = name.split(".")[0]
+    depth = N_ENC if stack == "encoder" else N_DEC
+    in_layer = ".layers." in name
+    if scheme == "deepnorm":
+        from fairseq_residual.schemes.deepnorm import deepnorm_constants
+
+        beta = deepnorm_constants(N_ENC, N_DEC)[f"{stack}_beta"]
+        keys = (".fc1.", ".fc2.", ".v_proj.", ".out_proj.")
+        return beta if in_layer and any(k in name for k in keys) else 1.0
+    if scheme == "b2t":
+        return depth ** -0.5 if in_layer and "weight" in name and "layer_norm" not in name else 1.0
+    if scheme == "t_fixup":
+        if in_layer and (".fc1." in name or ".fc2." in name):
+            return None  # re-drawn xavier_uniform (weights) / zero (biases): checked separately
+        scale = 0.67 * N_ENC ** -0.25 if stack == "encoder" else (9 * N_DEC) ** -0.25
+        if in_layer and name.endswith("out_proj.weight"):
+            return scale
+        if in_layer and name.endswith("v_proj.weight"):
+            return scale * math.sqrt(2)
+        if name.endswith("embed_tokens.weight"):
+            return (9 * depth) ** -0.25
+        return 1.0
+    raise AssertionError(scheme)
+
+
+@pytest.mark.parametrize("scheme", ["deepnorm", "b2t", "t_fixup"])
+def test_initialisation_scales_post_ln_init(scheme):
+    base = build_seeded("post_ln")
+    ours = build_seeded(scheme)
+    if scheme == "t_fixup":  # no LayerNorm parameters at all
+        assert not any("layer_norm" in k for k in ours)
+        base = {k: v for k, v in base.items() if "layer_norm" not in k}
+    assert set(ours) - {"encoder.residual_scheme_id", "decoder.residual_scheme_id"} == \
+        set(base) - {"encoder.residual_scheme_id", "decoder.residual_scheme_id"}
+    n_scaled = 0
+    for name, value in ours.items():
+        if name.endswith("residual_scheme_id") or name.endswith("_float_tensor"):
+            continue
+        factor = expected_factor(scheme, name)
+        if factor is None:
+            continue
+        torch.testing.assert_close(value, base[name] * factor, rtol=1e-6, atol=1e-7, msg=name)
+        n_scaled += factor != 1.0
+    # every parameter the reference scales was seen: weights and biases of fc1, fc2, v_proj, out_proj
+    # (DeepNorm: 8 per encoder layer, 12 per decoder layer); every layer weight (B2T: 6 / 10); out_proj and
+    # v_proj weights and the two token tables (T-Fixup: 2 / 4, + 2)
+    expected = dict(deepnorm=8 * N_ENC + 12 * N_DEC, b2t=6 * N_ENC + 10 * N_DEC, t_fixup=2 * N_ENC + 4 * N_DEC + 2)
+    assert n_scaled == expected[scheme]
+
+
+def test_t_fixup_redraws_ffn_as_xavier_with_zero_bias():
+    ours = build_seeded("t_fixup")
+    for stack, scale in (("encoder", 0.67 * N_ENC ** -0.25), ("decoder", (9 * N_DEC) ** -0.25)):
+        depth = N_ENC if stack == "encoder" else N_DEC
+        for i in range(depth):
+            for fc in ("fc1", "fc2"):
+                w = ours[f"{stack}.layers.{i}.{fc}.weight"]
+                fan_out, fan_in = w.shape
+                bound = scale * math.sqrt(6.0 / (fan_in + fan_out))  # xavier_uniform, times the scale
+                assert w.abs().max().item() <= bound * (1 + 1e-6)
+                assert w.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.06)
+                assert ours[f"{stack}.layers.{i}.{fc}.bias"].abs().max().item() == 0.0
+
+
+def test_t_fixup_shared_embeddings_are_scaled_once_by_the_encoder_factor():
+    base = build_seeded("post_ln", "--share-all-embeddings")
+    ours = build_seeded("t_fixup", "--share-all-embeddings")
+    table = "encoder.embed_tokens.weight"
+    torch.testing.assert_close(ours[table], base[table] * (9 * N_ENC) ** -0.25)
+    torch.testing.assert_close(ours["decoder.embed_tokens.weight"], ours[table])
+
+
+# ---------------------------------------------------------------------------------------------
+# Option checks and T-Fixup's schedule
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["deepnorm", "b2t", "t_fixup"])
+def test_post_ln_type_schemes_refuse_normalize_before_and_decoder_extras(scheme):
+    d = make_dictionary()
+    with pytest.raises(ValueError, match=rf"--encoder-normalize-before asks for Pre-LN .* {scheme}"):
+        build_model("residual_transformer_tiny", "--residual-scheme", scheme, "--encoder-normalize-before",
+                    dictionary=d)
+    with pytest.raises(ValueError, match=rf"--cross-self-attention is not supported with --residual-scheme {scheme}"):
+        build_model("residual_transformer_tiny", "--residual-scheme", scheme, "--cross-self-attention",
+                    dictionary=d)
+
+
+def test_t_fixup_refuses_layernorm_embedding():
+    with pytest.raises(ValueError, match="--layernorm-embedding adds a LayerNorm"):
+        build_model("residual_transformer_tiny", "--residual-scheme", "t_fixup", "--layernorm-embedding",
+                    dictionary=make_dictionary())
+
+
+def test_t_fixup_warns_about_warmup(caplog):
+    import logging
+
+    d = make_dictionary()
+    with caplog.at_level(logging.WARNING, logger="fairseq_residual.schemes.t_fixup"):
+        build_model("residual_transformer_tiny", "--residual-scheme", "t_fixup", "--lr-scheduler",
+                    "inverse_sqrt", "--warmup-updates", 100, dictionary=d)
+    assert "without learning-rate warm-up, but --warmup-updates is 100" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fairseq_residual.schemes.t_fixup"):
+        build_model("residual_transformer_tiny", "--residual-scheme", "t_fixup", "--lr-scheduler",
+                    "inverse_sqrt_nowarmup", dictionary=d)
+    assert "warm-up" not in caplog.text
+
+
+def test_inverse_sqrt_nowarmup_follows_the_reference_formula():
+    from fairseq_residual.lr_scheduler import InverseSqrtNoWarmupConfig, InverseSqrtNoWarmupSchedule
+
+    from fairseq.optim import FairseqOptimizer
+
+    class Opt(FairseqOptimizer):  # the scheduler only needs set_lr / get_lr
+        def __init__(self):
+            self._lr = None
+
+        def set_lr(self, lr):
+            self._lr = lr
+
+        def get_lr(self):
+            return self._lr
+
+    cfg = InverseSqrtNoWarmupConfig(decay_period=4000, lr=[5e-4])
+    opt = Opt()
+    sched = InverseSqrtNoWarmupSchedule(cfg, opt)
+    assert opt.get_lr() == pytest.approx(5e-4)  # no warm-up: full lr at update 0
+    for t in (1, 4000, 12000, 100000):
+        assert sched.step_update(t) == pytest.approx(5e-4 * math.sqrt(4000 / (4000 + t)))
+    assert sched.step_update(4000) == pytest.approx(5e-4 / math.sqrt(2))
+    with pytest.raises(ValueError, match="takes one --lr value"):
+        InverseSqrtNoWarmupSchedule(InverseSqrtNoWarmupConfig(decay_period=4000, lr=[1e-3, 5e-4]), Opt())
