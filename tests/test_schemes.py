@@ -315,3 +315,26 @@ def test_inverse_sqrt_nowarmup_follows_the_reference_formula():
     assert sched.step_update(4000) == pytest.approx(5e-4 / math.sqrt(2))
     with pytest.raises(ValueError, match="takes one --lr value"):
         InverseSqrtNoWarmupSchedule(InverseSqrtNoWarmupConfig(decay_period=4000, lr=[1e-3, 5e-4]), Opt())
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints remember their scheme
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["deepnorm", "b2t", "t_fixup"])
+def test_state_dict_of_another_scheme_is_refused_naming_both(scheme):
+    """Loading a new scheme's weights into a model of another scheme (and back) names both schemes."""
+    from fairseq_residual.encoder_decoder import SchemeMismatchError
+
+    d = make_dictionary()
+    ours, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", scheme, dictionary=d)
+    other, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", "post_ln", dictionary=d)
+    with pytest.raises(SchemeMismatchError, match=rf"trained with residual scheme '{scheme}' .* 'post_ln'"):
+        other.load_state_dict(ours.state_dict())
+    with pytest.raises(SchemeMismatchError, match=rf"trained with residual scheme 'post_ln' .* '{scheme}'"):
+        ours.load_state_dict(other.state_dict())
+    twin, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", scheme, dictionary=d)
+    twin.load_state_dict(ours.state_dict())  # the same scheme loads
+    for (name, a), b in zip(twin.state_dict().items(), ours.state_dict().values()):
+        assert torch.equal(a, b), name
