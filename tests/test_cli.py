@@ -48,14 +48,22 @@ def test_help_lists_every_preset():
         assert flag in out
 
 
+# Flags of a scheme's own training recipe, exercised by the matrix (T-Fixup trains without warm-up).
+SCHEME_RECIPE_FLAGS = {"t_fixup": ["--lr-scheduler", "inverse_sqrt_nowarmup", "--decay-period", "100"]}
+
+
 @pytest.mark.parametrize("scheme", SCHEME_NAMES)
 def test_train_generate_resume(scheme, shipped_data_bin, tmp_path):
     """Every registered scheme trains on the shipped corpus, translates with beam 5, and resumes."""
     raw, data_bin = shipped_data_bin
     save = tmp_path / "ckpt"
-    arch_flags = ["--arch", "residual_transformer_tiny", "--residual-scheme", scheme]
+    arch_flags = ["--arch", "residual_transformer_tiny", "--residual-scheme", scheme,
+                  *SCHEME_RECIPE_FLAGS.get(scheme, [])]
     log = train(data_bin, save, *arch_flags, max_update=6).stdout
     assert "num_updates=6" in log or "num_updates 6" in log
+    if scheme == "t_fixup":  # the reference's schedule, no warm-up: lr * sqrt(P / (P + t)) after update 6
+        lrs = [float(v) for v in re.findall(r"\| lr (\S+) \|", log)]
+        assert lrs[-1] == pytest.approx(5e-3 * math.sqrt(100 / 106), rel=1e-4)
     losses = [float(v) for v in re.findall(r"\| loss (\S+) \|", log)]
     assert losses and all(math.isfinite(v) for v in losses), "finite training loss"
     state = load_checkpoint(save / "checkpoint_last.pt")
