@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of issue #6: residual_transformer (post_ln, pre_ln, resi_dual) against fairseq's stock
+# GPU speed check: residual_transformer (post_ln, pre_ln, resi_dual) against fairseq's stock
 # transformer on CUDA, in fp32, bf16 and fp16, at the shapes iwslt6 (6+6, 256/1024/4) and deep24
 # (24+24, 256/1024/4). Runs scripts/benchmark.py three times, writes into "$OUT" (default ./gpu_out):
 #
