@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 from conftest import build_model, make_dictionary, random_batch
 
+pytestmark = pytest.mark.model
+
 TOL = 1e-5
 
 
