@@ -1,4 +1,4 @@
-# fairseq-residual: the two commands are `make test` and `make demo`.
+# fairseq-residual: the two commands are `make test` and `make demo` (`make test-fast`: model tests only).
 # Both create the virtual environment in .venv when it is missing.
 PYTHON ?= python3
 VENV ?= .venv
@@ -24,6 +24,10 @@ $(STAMP): setup.py
 
 test: $(STAMP)
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q tests $(PYTEST_ARGS)
+
+# the in-process model tests only (marker `model`, see pytest.ini): no fairseq CLI runs, about a minute
+test-fast: $(STAMP)
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -m model tests $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	PATH=$(abspath $(VENV))/bin:$$PATH bash scripts/run_demo.sh $(DEMO_ARGS)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU check of issue #6: residual_transformer (post_ln, pre_ln, resi_dual) against fairseq's stock
+# GPU speed check: residual_transformer (post_ln, pre_ln, resi_dual) against fairseq's stock
 # transformer on CUDA, in fp32, bf16 and fp16, at the shapes iwslt6 (6+6, 256/1024/4) and deep24
-# (24+24, 256/1024/4). Runs scripts/benchmark.py three times, writes into "$OUT" (default ./gpu_out):
+# (24+24, 256/1024/4). Runs scripts/speed_benchmark.py three times, writes into "$OUT" (default ./gpu_out):
 #
 #   bench_<dtype>.json   the harness's results (written after each shape: a run cut short keeps
 #                        what it finished)
@@ -119,7 +119,7 @@ for dtype in $DTYPES; do
     extra=()
     [ "$dtype" = fp16 ] && extra=(--resi-dual-scale 0.05)  # the paper's fp16 setting
     echo "== $dtype (limit ${limit}s)"
-    timeout -k 10 "$limit" "$PY" scripts/benchmark.py --device cuda --dtype "$dtype" \
+    timeout -k 10 "$limit" "$PY" scripts/speed_benchmark.py --device cuda --dtype "$dtype" \
         --shapes "$SHAPES" --repeats "$REPEATS" --warmup "$WARMUP" --out "$OUT/bench_$dtype.json" \
         "${extra[@]}" 2> "$OUT/bench_$dtype.err" | tee "$OUT/bench_$dtype.txt"
     rc=${PIPESTATUS[0]}

@@ -5,7 +5,7 @@ set -euo pipefail
 
 NAME=prepare-iwslt14
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PREP="$SCRIPT_DIR/prep_utils.py"
+PREP="$(dirname "$SCRIPT_DIR")/fairseq_residual/tools/corpus.py"  # standard library only: fast
 URL="http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
 ARCHIVE=de-en.tgz
 SRC=de

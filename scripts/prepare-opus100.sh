@@ -6,7 +6,7 @@ set -euo pipefail
 
 NAME=prepare-opus100
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PREP="$SCRIPT_DIR/prep_utils.py"
+PREP="$(dirname "$SCRIPT_DIR")/fairseq_residual/tools/corpus.py"  # standard library only: fast
 ARCHIVE=opus-100-corpus-v1.0.tar.gz
 URL="https://object.pouta.csc.fi/OPUS-100/v1.0/opus-100-corpus-v1.0.tar.gz"
 INNER=opus-100-corpus/v1.0/supervised

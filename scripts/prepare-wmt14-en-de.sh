@@ -6,7 +6,7 @@ set -euo pipefail
 
 NAME=prepare-wmt14-en-de
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PREP="$SCRIPT_DIR/prep_utils.py"
+PREP="$(dirname "$SCRIPT_DIR")/fairseq_residual/tools/corpus.py"  # standard library only: fast
 SRC=en
 TGT=de
 

@@ -130,7 +130,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-# ---- benchmark table (reference notes, section 3) -------------------------------------------
+# ---- benchmark table (hydra_config/*.yaml of github.com/microsoft/ResiDual) ---------------
 case "$BENCHMARK" in
     iwslt14) CONFIG=iwslt14_de_en; TOTAL_TOKENS=4096;  DEFAULT_PRECISION=fp32; DEFAULT_DEPTH=6 ;;
     wmt14)   CONFIG=wmt14_en_de;   TOTAL_TOKENS=65536; DEFAULT_PRECISION=amp;  DEFAULT_DEPTH=6 ;;

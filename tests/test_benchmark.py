@@ -1,4 +1,4 @@
-"""Smoke test of the speed harness ``scripts/benchmark.py``.
+"""Smoke test of the speed harness ``scripts/speed_benchmark.py``.
 
 Runs the real script on the ``tiny`` shape (2+2 layers, width 64) with one repetition and checks the
 JSON it writes: every model present, positive throughputs and memory, the ratios and goals of the
@@ -15,7 +15,7 @@ import pytest
 from fairseq_residual.schemes import SCHEME_NAMES, SCHEMES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "benchmark.py")
+SCRIPT = os.path.join(ROOT, "scripts", "speed_benchmark.py")
 
 MODELS = ("transformer_post_ln", "transformer_pre_ln") + SCHEME_NAMES  # every registered scheme
 # Pre-LN-type schemes race stock Pre-LN, the others stock Post-LN

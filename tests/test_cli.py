@@ -183,7 +183,33 @@ def test_hydra_train_applies_preset_and_generates(tiny_data_bin, tmp_path):
     assert len([x for x in gen.splitlines() if x.startswith("H-")]) == sum(1 for _ in open(raw / "test.src"))
 
 
-def test_activation_checkpointing_trains_resi_dual(tiny_data_bin, tmp_path):
+def test_activation_checkpointing_trains_resi_dual(tiny_data_bin, tmp_path, monkeypatch):
+    """--checkpoint-activations wraps every layer in fairseq's checkpoint wrapper and the training step
+    goes through its CheckpointFunction (in-process); then the CLI trains with it."""
+    from conftest import build_model, make_dictionary, random_batch
+    from fairseq.modules import checkpoint_activations
+
+    calls = []
+
+    class CountingCheckpointFunction(checkpoint_activations.CheckpointFunction):
+        @classmethod
+        def apply(cls, *args):
+            calls.append(args[0])
+            return super().apply(*args)
+
+    monkeypatch.setattr(checkpoint_activations, "CheckpointFunction", CountingCheckpointFunction)
+    d = make_dictionary()
+    for flags, wrapped in (((), False), (("--checkpoint-activations",), True)):
+        model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", "resi_dual", *flags,
+                                  dictionary=d)
+        layers = list(model.encoder.layers) + list(model.decoder.layers)
+        assert [hasattr(layer, "precheckpoint_forward") for layer in layers] == [wrapped] * len(layers)
+        model.train()
+        src, lengths, prev, _ = random_batch(d)
+        calls.clear()
+        model(src, lengths, prev)[0].sum().backward()
+        assert len(calls) == (len(layers) if wrapped else 0)
+
     _, data_bin = tiny_data_bin
     log = train(data_bin, tmp_path / "ckpt", "--arch", "residual_transformer_tiny", "--checkpoint-activations",
                 max_update=2).stdout

@@ -1,5 +1,5 @@
 """The Hydra configs in configs/: they load through fairseq-hydra-train, carry the paper's
-hyperparameters (reference notes, section 3), and build the model the plugin's presets describe.
+hyperparameters (the authors' hydra_config/*.yaml in github.com/microsoft/ResiDual), and build the model the plugin's presets describe.
 
 Every config is composed with Hydra the way fairseq-hydra-train composes it (fairseq's schema under
 the config's name, then the YAML and the overrides), its '???' filled with tiny values, and its model
@@ -19,7 +19,7 @@ from conftest import USER_DIR, run_cli
 
 NAMES = ("iwslt14_de_en", "wmt14_en_de", "opus100")
 
-#: section 3 of the reference notes, as fairseq config keys
+#: the authors' hydra_config/{iwslt,wmt,opus}.yaml (github.com/microsoft/ResiDual), as fairseq config keys
 PAPER = {
     "iwslt14_de_en": {
         "model._name": "residual_transformer_iwslt_de_en", "model.encoder_layers": 6,

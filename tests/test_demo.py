@@ -8,7 +8,6 @@ corpus file stops the demo with an error naming the file. The untrained model's 
 garbage; only their format and the scores' ranges are checked.
 """
 
-import importlib.util
 import json
 import math
 import os
@@ -18,20 +17,12 @@ import sys
 
 import pytest
 
+from fairseq_residual.tools import demo
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENTRY = os.path.join(ROOT, "scripts", "run_demo.sh")
 DATA = os.path.join(ROOT, "data", "ding-de-en")
 ARGS = ["--schemes", "resi_dual", "--max-update", "5", "--tiny", "--subset", "100"]
-
-
-def _load_demo():
-    spec = importlib.util.spec_from_file_location("demo", os.path.join(ROOT, "scripts", "demo.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-demo = _load_demo()
 
 
 def _env():

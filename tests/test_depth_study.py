@@ -5,25 +5,14 @@ The training itself is fairseq-train (exercised by tests/test_analyze.py and the
 these tests run no training and take about a second.
 """
 import argparse
-import importlib.util
 import json
 import math
 import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "depth_study.py")
+from fairseq_residual.tools import depth_study as ds
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("depth_study", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ds = _load()
 VOCAB = 4000
 
 

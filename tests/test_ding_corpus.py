@@ -1,11 +1,10 @@
 """Tests for the shipped Ding German-English corpus and its build script.
 
-The build script lives in ``scripts/`` (not a package), so it is imported by
-path with :mod:`importlib`. All tests are offline and fast.
+The builder is :mod:`fairseq_residual.tools.ding_corpus` (``scripts/build_ding_corpus.py`` runs it).
+All tests are offline and fast.
 """
 
 import hashlib
-import importlib.util
 import io
 import lzma
 import os
@@ -15,21 +14,12 @@ from collections import Counter
 
 import pytest
 
+from fairseq_residual.tools import ding_corpus as bdc
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "build_ding_corpus.py")
 DATA_DIR = os.path.join(ROOT, "data", "ding-de-en")
 README = os.path.join(ROOT, "data", "README.md")
 SPLITS = ("train", "valid", "test")
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("build_ding_corpus", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bdc = _load_script()
 
 
 # ---------------------------------------------------------------------------

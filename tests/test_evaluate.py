@@ -6,7 +6,6 @@ is evaluated the OPUS-100 way. Every score must equal sacreBLEU called directly 
 fairseq-generate output; the scorer itself is also checked on hand-made generate output, and
 collect_results on synthetic run directories with diverged runs.
 """
-import importlib.util
 import json
 import re
 import shutil
@@ -23,21 +22,12 @@ from bench_helpers import (
     SCRIPTS, TINY_TRAIN, TINY_TRANSLATION, generate_lines, multilingual_data_bin, run_script,
 )
 from conftest import cli_env
+from fairseq_residual.tools import bleu as score_bleu
+from fairseq_residual.tools import checkpoints as average_checkpoints
+from fairseq_residual.tools import results as collect_results
 
 EVALUATE = SCRIPTS / "evaluate.sh"
 TRAIN = SCRIPTS / "train.sh"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-score_bleu = _load("score_bleu")
-average_checkpoints = _load("average_checkpoints")
-collect_results = _load("collect_results")
 
 
 def sacrebleu_direct(hyps, refs, **kwargs):

@@ -3,14 +3,16 @@
 * Post-LN and Pre-LN equal fairseq's stock ``transformer`` (normalize_before False / True) given the
   same weights, encoder output and decoder log-probabilities, with padding in the batch.
 * ResiDual equals an independent plain-PyTorch transcription of the authors' computation
-  (reference notes section 1), with non-default ``c`` and ``alpha`` per stack so that a swapped or
-  missing constant shows.
+  (Xie et al. 2023, arXiv 2304.14802; github.com/microsoft/ResiDual, resi_dual/resi_dual_layers.py),
+  with non-default ``c`` and ``alpha`` per stack so that a swapped or missing constant shows.
 """
 import pytest
 import torch
 import torch.nn.functional as F
 
 from conftest import build_model, make_dictionary, random_batch
+
+pytestmark = pytest.mark.model
 
 TOL = 1e-5
 

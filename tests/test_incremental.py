@@ -5,6 +5,8 @@ import torch
 from conftest import build_model, make_dictionary, random_batch
 from fairseq_residual.schemes import SCHEME_NAMES
 
+pytestmark = pytest.mark.model
+
 SCHEMES = list(SCHEME_NAMES)  # every registered scheme
 TOL = 1e-5
 

@@ -28,7 +28,7 @@ import pytest
 @pytest.fixture(scope="session")
 def repo_root():
     root = Path(__file__).resolve().parents[1]
-    assert (root / "scripts" / "prep_utils.py").is_file()
+    assert (root / "fairseq_residual" / "tools" / "corpus.py").is_file()
     return root
 
 
@@ -553,17 +553,14 @@ def test_opus100_pair_selection_and_errors(tmp_path, run_script):
 
 
 # ---------------------------------------------------------------------------------------------
-# prep_utils: the shared steps on their own
+# fairseq_residual.tools.corpus: the shared steps on their own
 
 
 @pytest.fixture(scope="session")
 def prep_utils(repo_root):
-    sys.path.insert(0, str(repo_root / "scripts"))
-    try:
-        import prep_utils as module
-    finally:
-        sys.path.pop(0)
-    return module
+    from fairseq_residual.tools import corpus
+
+    return corpus
 
 
 def test_clean_pair_follows_moses(prep_utils):

@@ -7,6 +7,8 @@ import torch
 from conftest import build_model, make_dictionary, random_batch
 from fairseq_residual.schemes.resi_dual import ResiDualDecoderLayer, ResiDualEncoderLayer
 
+pytestmark = pytest.mark.model
+
 
 def model_with_scale(c, d, state_dict=None):
     model, _, _ = build_model(

@@ -22,18 +22,20 @@ INVALID = [
     ("--decoder-resi-dual-scale", 2.0, "--decoder-resi-dual-scale (or --resi-dual-scale) must be in (0, 1]"),
     ("--decoder-resi-dual-alpha", math.inf, "--decoder-resi-dual-alpha must be a finite number"),
 ]
+DICTIONARY = make_dictionary()
 
 
+@pytest.mark.model
+@pytest.mark.parametrize("arch", ARCH_NAMES)
 @pytest.mark.parametrize("flag, value, message", INVALID, ids=[f"{f}={v}" for f, v, _ in INVALID])
-def test_every_preset_refuses_every_invalid_resi_dual_constant(flag, value, message):
+def test_every_preset_refuses_every_invalid_resi_dual_constant(flag, value, message, arch):
     """No preset substitutes its own default for an explicit invalid value (opus100's c = 0.05 did)."""
-    d = make_dictionary()
-    for arch in ARCH_NAMES:
-        with pytest.raises(ValueError) as err:
-            build_model(arch, "--residual-scheme", "resi_dual", *SMALL, flag, value, dictionary=d)
-        assert message in str(err.value), (arch, str(err.value))
+    with pytest.raises(ValueError) as err:
+        build_model(arch, "--residual-scheme", "resi_dual", *SMALL, flag, value, dictionary=DICTIONARY)
+    assert message in str(err.value), (arch, str(err.value))
 
 
+@pytest.mark.model
 def test_opus100_preset_default_and_explicit_scale():
     d = make_dictionary()
     model, args, _ = build_model("residual_transformer_opus100", *SMALL, dictionary=d)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark harness: ``residual_transformer`` (Post-LN, Pre-LN, ResiDual) against fairseq's stock ``transformer``.
 
 ResiDual adds one addition per sub-layer and one LayerNorm per stack, well under 1% of the FLOPs,
@@ -59,9 +58,9 @@ paper's fp16 setting), since its dual stream is a running sum over all sub-layer
 
 Examples::
 
-    python scripts/benchmark.py --device cpu --out bench_cpu.json        # iwslt6 + deep24, 1 thread
-    python scripts/benchmark.py --device cuda --dtype bf16 --shapes iwslt6,deep24 --out bench_bf16.json
-    python scripts/benchmark.py --shapes tiny --repeats 1 --warmup 0 --out /tmp/tiny.json   # smoke test
+    python scripts/speed_benchmark.py --device cpu --out bench_cpu.json        # iwslt6 + deep24, 1 thread
+    python scripts/speed_benchmark.py --device cuda --dtype bf16 --shapes iwslt6,deep24 --out bench_bf16.json
+    python scripts/speed_benchmark.py --shapes tiny --repeats 1 --warmup 0 --out /tmp/tiny.json   # smoke test
 """
 import argparse
 import datetime
@@ -75,10 +74,8 @@ import time
 import warnings
 from contextlib import contextmanager, nullcontext
 
-from fairseq_residual.schemes import SCHEMES
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLUGIN_DIR = os.path.join(ROOT, "fairseq_residual")
+from ..schemes import SCHEMES
+from . import PLUGIN_DIR
 
 # Shapes: layers per stack, model width, FFN width, attention heads, vocabulary size.
 # Every shape uses the IWSLT dropouts (.3/.1/.1) and shared embeddings, as the plugin's IWSLT preset.
@@ -772,6 +769,40 @@ def write_json(results, path):
 
 def _load_str(load):
     return "n/a" if load is None else "/".join(f"{x:.2f}" for x in load)
+
+
+def print_gpu_summary(out, dtypes):
+    """One line per dtype x shape x plugin model of ``out/bench_<dtype>.json``: ratios to the matching
+    stock transformer, whether each goal was met, the A/A noise; then ALL GOALS MET or the misses."""
+    print("== summary: ratio to the matching stock transformer (paired median); goal; A/A noise")
+    misses = []
+    for dtype in dtypes:
+        path = os.path.join(out, f"bench_{dtype}.json")
+        if not os.path.exists(path):
+            print(f"{dtype:<5} no results")
+            misses.append(f"{dtype}: no results")
+            continue
+        with open(path) as f:
+            res = json.load(f)
+        if not res["meta"].get("complete"):
+            print(f"{dtype:<5} INCOMPLETE run: only {', '.join(res['shapes'])}")
+        for shape, r in res["shapes"].items():
+            noise = r["aa_noise"]
+            for name, goals in r["goals"].items():
+                parts = []
+                for metric, g in goals.items():
+                    if g["value"] is None:
+                        parts.append(f"{metric} n/a")
+                        continue
+                    parts.append(f"{metric} {g['value']:.3f}{'' if g['met'] else ' MISSED'}")
+                    if not g["met"]:
+                        misses.append(f"{dtype} {shape} {name} {metric} {g['value']:.3f} "
+                                      f"(goal {g['comparison']} {g['target']})")
+                print(f"{dtype:<5} {shape:<7} {name:<10} " + "  ".join(parts))
+            print(f"{dtype:<5} {shape:<7} A/A noise: train +-{noise['train'] or 0:.3f}  "
+                  f"generate +-{noise['generate'] or 0:.3f}")
+    print("goals: post_ln/pre_ln train >= 0.99, resi_dual train >= 0.97, memory <= 1.05, generate >= 0.97")
+    print("ALL GOALS MET" if not misses else "MISSED:\n  " + "\n  ".join(misses))
 
 
 if __name__ == "__main__":

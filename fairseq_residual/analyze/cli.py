@@ -1,0 +1,237 @@
+"""The command line of ``fairseq-residual-analyze``: options, the run over every requested model,
+``analysis.json``, the summary table."""
+import argparse
+import json
+import logging
+import os
+import sys
+import warnings
+
+import torch
+
+from ..config import FP16_MAX
+from ..schemes import SCHEME_NAMES as SCHEMES
+from .common import ALL, DEFAULT_ARCH, PKG_DIR, PROG, SCHEME_NAMES, AnalyzeError, logger
+from .loading import build_criterion, build_fresh_model, check_data, fairseq_model_argv, load_batches, load_checkpoint_model
+from .measure import analyze_model
+from .plots import write_plots
+
+# ---------------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Per-layer gradient norms, consecutive-layer cosine similarity and ResiDual's "
+        "dual-stream range of Post-LN / Pre-LN / ResiDual Transformers, on a checkpoint or a fresh "
+        "model, written as JSON and PNG plots. Other fairseq model options (e.g. --activation-fn "
+        "gelu) are passed to fairseq for fresh models.",
+        epilog="Definitions and the --resi-dual-scale rule: python -c 'import fairseq_residual."
+        "analyze as a; help(a)', or docs/analysis.md.",
+    )
+    p.add_argument("data", help="binarized data directory (fairseq-preprocess --destdir)")
+    p.add_argument("--subset", default="valid", help="subset to draw batches from (default: valid)")
+    p.add_argument("-s", "--source-lang", help="source language (default: inferred from DATA)")
+    p.add_argument("-t", "--target-lang", help="target language (default: inferred from DATA)")
+    g = p.add_argument_group("model (a checkpoint, or a fresh model)")
+    g.add_argument("--checkpoint", nargs="+", metavar="PATH",
+                   help="checkpoint(s) written by fairseq-train; several are overlaid in the plots")
+    g.add_argument("--arch", help=f"fresh model: --arch preset (default: {DEFAULT_ARCH})")
+    g.add_argument("--residual-scheme", choices=SCHEMES + (ALL,),
+                   help="fresh model: the scheme, or 'all' for the three overlaid (default: all, or the "
+                   "preset's _<scheme> suffix); with --checkpoint: the expected scheme (checked)")
+    g.add_argument("--layers", type=int, metavar="N", help="fresh model: layers per stack")
+    g.add_argument("--embed-dim", type=int, help="fresh model: embedding / model width")
+    g.add_argument("--ffn-dim", type=int, help="fresh model: FFN inner width")
+    g.add_argument("--heads", type=int, help="fresh model: attention heads")
+    g.add_argument("--seed", type=int, default=1, help="initialisation and batch-order seed (default 1)")
+    g = p.add_argument_group("measurement")
+    g.add_argument("--batches", type=int, default=1, metavar="K",
+                   help="number of batches (default 1); gradients are of their summed loss")
+    g.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch (default 4096)")
+    g.add_argument("--batch-size", "--max-sentences", type=int, dest="max_sentences",
+                   help="sentences per batch (default: no limit)")
+    g.add_argument("--loss", choices=("label_smoothed_cross_entropy", "cross_entropy"),
+                   default="label_smoothed_cross_entropy", help="criterion (default: label-smoothed CE)")
+    g.add_argument("--label-smoothing", type=float, default=0.1, help="for the label-smoothed loss")
+    g.add_argument("--keep-dropout", action="store_true",
+                   help="keep the model's dropout (default: all dropout and LayerDrop set to 0)")
+    g.add_argument("--fp16-safety", type=float, default=0.1, metavar="F",
+                   help="ResiDual: fraction of the fp16 range (65504) the dual stream may use when "
+                   "recommending --resi-dual-scale (default 0.1)")
+    g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    g = p.add_argument_group("output")
+    g.add_argument("--output-dir", default="analysis", help="where analysis.json and the PNGs go")
+    g.add_argument("--no-plots", action="store_true", help="write the JSON only")
+    g.add_argument("--verbose", action="store_true", help="show fairseq's log messages")
+    return p
+
+
+def _check_args(args, extra):
+    if args.batches < 1:
+        raise AnalyzeError(f"--batches must be >= 1, got {args.batches}")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise AnalyzeError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    if not 0 < args.fp16_safety <= 1:
+        raise AnalyzeError(f"--fp16-safety must be in (0, 1], got {args.fp16_safety}")
+    fresh_only = [f"--{k.replace('_', '-')}" for k in ("arch", "layers", "embed_dim", "ffn_dim", "heads")
+                  if getattr(args, k) is not None]
+    if args.checkpoint:
+        if fresh_only or extra:
+            raise AnalyzeError(
+                f"{' '.join(fresh_only + list(extra))}: these describe a fresh model, but --checkpoint "
+                f"was given (a checkpoint's architecture is read from it): drop them, or drop --checkpoint"
+            )
+    elif args.layers is not None and args.layers < 1:
+        raise AnalyzeError(f"--layers must be >= 1, got {args.layers}")
+
+
+def _fresh_schemes(args):
+    if args.residual_scheme is not None:
+        return list(SCHEMES) if args.residual_scheme == ALL else [args.residual_scheme]
+    arch = args.arch or DEFAULT_ARCH
+    for scheme in SCHEMES:
+        if arch.endswith("_" + scheme):
+            return [scheme]
+    return list(SCHEMES)
+
+
+def run(args, extra=(), argv=None):
+    """Analyse every requested model; write ``analysis.json`` and the plots; return the report."""
+    from fairseq import utils
+
+    _check_args(args, extra)
+    src, tgt = check_data(args.data, args.subset, args.source_lang, args.target_lang)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    models = []  # (source, path or scheme); built one at a time to keep memory low
+    if args.checkpoint:
+        for path in args.checkpoint:
+            if not os.path.isfile(path):
+                load_checkpoint_model(path, args.data, args.residual_scheme)  # raises the message
+        for path in args.checkpoint:
+            models.append(("checkpoint", path))
+    else:
+        for scheme in _fresh_schemes(args):
+            models.append(("init", scheme))
+
+    runs = []
+    for source, what in models:
+        if source == "checkpoint":
+            model, task, scheme = load_checkpoint_model(what, args.data, args.residual_scheme)
+            info = {"source": "checkpoint", "checkpoint": what}
+        else:
+            arch = args.arch or DEFAULT_ARCH
+            fs_argv = fairseq_model_argv(args.data, arch, what, args.layers, args.embed_dim,
+                                         args.ffn_dim, args.heads, args.seed, src, tgt, extra)
+            model, task = build_fresh_model(fs_argv, seed=args.seed)
+            scheme = what
+            shown = [("fairseq_residual" if a == PKG_DIR else a) for a in fs_argv[1:]]  # no local paths
+            info = {"source": "init", "arch": arch, "seed": args.seed, "fairseq_args": shown}
+        model.to(device)
+        batches = load_batches(task, model, args.subset, args.batches, args.max_tokens,
+                               args.max_sentences, args.seed)
+        if len(batches) < args.batches:
+            logger.warning(f"subset '{args.subset}' gives only {len(batches)} batch(es) of "
+                           f"--max-tokens {args.max_tokens}; using them all")
+        if device.type != "cpu":
+            batches = [utils.move_to_cuda(b, device) for b in batches]
+        criterion = build_criterion(task, args.loss, args.label_smoothing)
+        result = analyze_model(model, criterion, batches, args.keep_dropout, args.fp16_safety)
+        label = SCHEME_NAMES[scheme] if source == "init" else f"{SCHEME_NAMES[scheme]}: {what}"
+        runs.append({"label": label, **info, **result})
+        del model, batches
+
+    first = runs[0]
+    meta = {
+        "tool": PROG,
+        "command": [PROG] + list(sys.argv[1:] if argv is None else argv),
+        "data": args.data,
+        "subset": args.subset,
+        "source_lang": src,
+        "target_lang": tgt,
+        "batches": first["batches"],
+        "max_tokens": args.max_tokens,
+        "sentences": first["sentences"],
+        "target_tokens": first["target_tokens"],
+        "loss_name": args.loss if args.loss == "cross_entropy" else
+        f"label_smoothed_cross_entropy (eps {args.label_smoothing:g})",
+        "dropout": "kept" if args.keep_dropout else "off",
+        "device": str(device),
+        "fp16_max": FP16_MAX,
+        "fp16_safety": args.fp16_safety,
+        "definitions": {
+            "param_grad_norm": "L2 norm of d(loss)/d(layer parameters); loss = criterion summed over "
+            "the batches / their target tokens; layer 1 = lowest",
+            "grad_norm_low_top": "param_grad_norm of layer 1 / that of the top layer",
+            "sublayer_output_grad_norm": "L2 norm of d(loss)/d(h) over all positions, h = output of "
+            "self_attn / encoder_attn / fc2",
+            "cosine_consecutive": "entry l-1: mean over non-pad tokens of cos(output of layer l, "
+            "output of layer l+1); ResiDual: the x_a stream",
+            "cosine_consecutive_dual": "ResiDual: the same for the dual stream x_d",
+            "dual_stream.safe_scale": "largest 1-2-5 value c <= 1 with c * max|x_d at c=1| <= "
+            "fp16_safety * 65504",
+        },
+    }
+    os.makedirs(args.output_dir, exist_ok=True)
+    report = {**meta, "models": runs}
+    plots = [] if args.no_plots else write_plots(runs, args.output_dir, meta)
+    report["plots"] = [os.path.basename(p) for p in plots]
+    path = os.path.join(args.output_dir, "analysis.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1)
+    print(summary_table(runs))
+    print(f"wrote {path}" + (f" and {len(plots)} plots ({', '.join(report['plots'])})" if plots else ""))
+    return report
+
+
+def summary_table(runs):
+    """A plain-text table of the headline numbers of each run."""
+    rows = [("model", "layers", "enc grad L1/top", "dec grad L1/top", "enc cos top", "dec cos top",
+             "max|x_d| enc/dec", "safe c enc/dec")]
+    for run in runs:
+        cos = run["cosine_consecutive"]
+        dual = run.get("dual_stream")
+        fmt = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
+        rows.append((
+            run["label"],
+            f"{run['encoder_layers']}+{run['decoder_layers']}",
+            fmt(run["grad_norm_low_top"]["encoder"]),
+            fmt(run["grad_norm_low_top"]["decoder"]),
+            fmt(cos["encoder"][-1] if cos["encoder"] else None),  # None: no pair measured
+            fmt(cos["decoder"][-1] if cos["decoder"] else None),
+            "-" if not dual else f"{dual['encoder']['max_abs_peak']:.3g}/{dual['decoder']['max_abs_peak']:.3g}",
+            "-" if not dual else f"{fmt(dual['encoder']['safe_scale'])}/{fmt(dual['decoder']['safe_scale'])}",
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def main(argv=None):
+    """Entry point; returns the exit code (0 ok, 2 bad input)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    extra = [a for a in extra if a != "--"]  # "--" may separate the fairseq options
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        stream=sys.stderr,
+    )
+    if not args.verbose:
+        for name in ("fairseq", "matplotlib", "PIL"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        # harmless torch warnings that fairseq's code triggers on every batch
+        warnings.filterwarnings("ignore", message=".*pin_memory.*")
+        warnings.filterwarnings("ignore", message=".*mismatched key_padding_mask and attn_mask.*")
+    try:
+        run(args, extra, argv)
+    except AnalyzeError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cli_main():
+    sys.exit(main())
+

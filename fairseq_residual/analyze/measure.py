@@ -1,0 +1,276 @@
+"""The measurements of ``fairseq-residual-analyze``: per-layer gradient norms, consecutive-layer cosine
+similarity and ResiDual's dual-stream range (see the package docstring), and the ``--resi-dual-scale``
+rule."""
+import math
+
+import torch
+
+from ..config import FP16_MAX
+from ..schemes import SCHEME_NAMES as SCHEMES
+from ..schemes.resi_dual import FINAL_LN_EPS as RESI_DUAL_FINAL_LN_EPS
+from .common import HOOKED_MODULE, POST_LN, PRE_LN, RESI_DUAL, STACKS, SUBLAYERS
+
+# ---------------------------------------------------------------------------------------------
+# the --resi-dual-scale rule
+# ---------------------------------------------------------------------------------------------
+
+
+def scale_ladder(smallest=1e-6):
+    """The 1-2-5 series 1, 0.5, 0.2, 0.1, 0.05, ... down to ``smallest``, largest first."""
+    out, decade = [], 1.0
+    while decade >= smallest:
+        out += [decade, decade / 2, decade / 5]
+        decade /= 10
+    return [c for c in out if c >= smallest]
+
+
+def safe_dual_scale(max_abs_unscaled, safety=0.1, fp16_max=FP16_MAX):
+    """Largest 1-2-5 value ``c <= 1`` with ``c * max_abs_unscaled <= safety * fp16_max``, or None.
+
+    Args:
+        max_abs_unscaled: the largest ``|x_d|`` of the dual stream with c = 1.
+        safety: fraction of the fp16 range the dual stream may use, 0 < safety <= 1.
+    """
+    limit = safety * fp16_max
+    for c in scale_ladder():
+        if c * max_abs_unscaled <= limit:
+            return c
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# the measurements
+# ---------------------------------------------------------------------------------------------
+
+
+def model_scheme(model):
+    """Residual scheme of a model (plugin attribute, else fairseq's normalize_before)."""
+    scheme = getattr(model.encoder, "residual_scheme", None)
+    if scheme in SCHEMES:
+        return scheme
+    return PRE_LN if getattr(model.encoder, "layer_norm", None) is not None else POST_LN
+
+
+def disable_dropout(model):
+    """Set every dropout probability (and LayerDrop) of ``model`` to 0; return how many were > 0."""
+    from fairseq.modules import FairseqDropout, LayerDropModuleList
+
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, (FairseqDropout, torch.nn.Dropout, LayerDropModuleList)):
+            if module.p > 0:
+                changed += 1
+            module.p = 0.0
+    return changed
+
+
+def _first(output):
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+class LayerStatistics:
+    """The measurement of one model over K batches: per-layer gradient norms, consecutive-layer cosine
+    similarity and the dual stream (see the package docstring).
+
+    Use as a context manager: entering puts the model in train mode (dropout set to 0 unless
+    ``keep_dropout``), clears its gradients and registers forward hooks on every layer and on the
+    sub-modules whose outputs are the sub-layers' branches; :meth:`add_batch` runs the criterion and
+    the backward pass of one batch and accumulates; leaving removes the hooks; :meth:`result` returns
+    the measurements (lists run from layer 1, the lowest, up).
+
+    Args:
+        model: a fairseq encoder-decoder (``encoder.layers`` / ``decoder.layers`` with fairseq's
+            sub-module names); its gradients are overwritten.
+        total_tokens: target tokens of all K batches (each batch's loss is divided by it, as
+            fairseq-train normalises an update of ``--update-freq K``).
+        keep_dropout: measure with the model's dropout probabilities.
+        safety: fraction of the fp16 range the dual stream may use (``safe_dual_scale``).
+    """
+
+    def __init__(self, model, total_tokens, keep_dropout=False, safety=0.1):
+        self.model, self.total_tokens = model, total_tokens
+        self.keep_dropout, self.safety = keep_dropout, safety
+        self.scheme = model_scheme(model)
+        self.stacks = {name: getattr(model, name) for name in STACKS}
+        self.n_layers = n_layers = {name: len(stack.layers) for name, stack in self.stacks.items()}
+        self.pad = {"encoder": model.encoder.padding_idx, "decoder": model.decoder.padding_idx}
+        self.captured = {}  # (stack, sublayer, i) -> tensor with retained grad; (stack, "out", i) -> outputs
+        self.hooks = []
+        self.dropouts_disabled = 0
+
+        zeros = lambda n: torch.zeros(n, dtype=torch.float64)  # noqa: E731
+        self.sub_sq = {(s, sub): zeros(n_layers[s]) for s in STACKS for sub in SUBLAYERS[s]}
+        self.cos_sum = {s: zeros(max(n_layers[s] - 1, 0)) for s in STACKS}
+        self.cos_dual_sum = {s: zeros(max(n_layers[s] - 1, 0)) for s in STACKS}
+        self.cos_count = {s: zeros(max(n_layers[s] - 1, 0)) for s in STACKS}  # token positions per pair
+        self.dual_max = {s: zeros(n_layers[s]) for s in STACKS}
+        self.dual_min_var = {s: math.inf for s in STACKS}
+        self.loss_sum = self.nll_sum = 0.0
+        self.sentences = self.src_tokens = self.batches = 0
+
+    # hooks ------------------------------------------------------------------------------------
+
+    def _sub_hook(self, key):
+        def hook(module, inputs, output):
+            h = _first(output)
+            if h.requires_grad:
+                h.retain_grad()
+            self.captured[key] = h
+
+        return hook
+
+    def _layer_hook(self, key):
+        def hook(module, inputs, output):
+            x_d = output[1] if self.scheme == RESI_DUAL and isinstance(output, (tuple, list)) else None
+            self.captured[key] = (_first(output).detach(), None if x_d is None else x_d.detach())
+
+        return hook
+
+    def __enter__(self):
+        self.model.train()
+        self.dropouts_disabled = 0 if self.keep_dropout else disable_dropout(self.model)
+        self.model.zero_grad(set_to_none=True)
+        for name, stack in self.stacks.items():
+            for i, layer in enumerate(stack.layers):
+                for sub in SUBLAYERS[name]:
+                    module = getattr(layer, HOOKED_MODULE[sub], None)
+                    if module is not None:
+                        self.hooks.append(module.register_forward_hook(self._sub_hook((name, sub, i))))
+                self.hooks.append(layer.register_forward_hook(self._layer_hook((name, "out", i))))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks = []
+        self.captured.clear()
+        return False
+
+    # accumulation -----------------------------------------------------------------------------
+
+    def add_batch(self, criterion, sample):
+        """Forward and backward one fairseq sample through ``criterion``; accumulate its statistics."""
+        n_layers, captured, scheme = self.n_layers, self.captured, self.scheme
+        captured.clear()
+        loss, sample_size, logging_output = criterion(self.model, sample)
+        (loss / self.total_tokens).backward()
+        self.batches += 1
+        self.loss_sum += float(logging_output["loss"])
+        self.nll_sum += float(logging_output.get("nll_loss", logging_output["loss"]))
+        self.sentences += int(sample["nsentences"])
+        masks = {  # T x B, True at real tokens
+            "encoder": sample["net_input"]["src_tokens"].ne(self.pad["encoder"]).t(),
+            "decoder": sample["net_input"]["prev_output_tokens"].ne(self.pad["decoder"]).t(),
+        }
+        self.src_tokens += int(masks["encoder"].sum())
+        for s in STACKS:
+            mask = masks[s]
+            for sub in SUBLAYERS[s]:
+                for i in range(n_layers[s]):
+                    h = captured.get((s, sub, i))
+                    if h is not None and h.grad is not None:
+                        self.sub_sq[s, sub][i] += float(h.grad.detach().double().pow(2).sum())
+            # a layer skipped by LayerDrop (--keep-dropout) has no output: its pairs are skipped
+            outs = [captured.get((s, "out", i)) for i in range(n_layers[s])]
+            for i in range(n_layers[s] - 1):
+                if outs[i] is None or outs[i + 1] is None:
+                    continue
+                self.cos_count[s][i] += int(mask.sum())
+                cos = torch.nn.functional.cosine_similarity(
+                    outs[i][0].float(), outs[i + 1][0].float(), dim=-1
+                )
+                self.cos_sum[s][i] += float(cos[mask].double().sum())
+                if scheme == RESI_DUAL:
+                    cos = torch.nn.functional.cosine_similarity(
+                        outs[i][1].float(), outs[i + 1][1].float(), dim=-1
+                    )
+                    self.cos_dual_sum[s][i] += float(cos[mask].double().sum())
+            if scheme == RESI_DUAL:
+                for i in range(n_layers[s]):
+                    if outs[i] is not None:
+                        self.dual_max[s][i] = max(float(self.dual_max[s][i]), float(outs[i][1].abs().max()))
+                if outs and outs[-1] is not None:
+                    top = outs[-1][1].float().var(dim=-1, unbiased=False)  # T x B
+                    self.dual_min_var[s] = min(self.dual_min_var[s], float(top[mask].min()))
+        captured.clear()
+
+    def result(self):
+        """The measurements of the batches added so far (see the package docstring)."""
+        from ..tasks import layer_grad_norms
+
+        n_layers, total_tokens, model = self.n_layers, self.total_tokens, self.model
+        param = {s: layer_grad_norms(self.stacks[s].layers).double().cpu() for s in STACKS}
+        result = {
+            "scheme": self.scheme,
+            "encoder_layers": n_layers["encoder"],
+            "decoder_layers": n_layers["decoder"],
+            "embed_dim": int(model.encoder.embed_tokens.embedding_dim),
+            "dropout": "kept" if self.keep_dropout else f"off ({self.dropouts_disabled} dropout modules set to 0)",
+            "batches": self.batches,
+            "sentences": self.sentences,
+            "source_tokens": self.src_tokens,
+            "target_tokens": total_tokens,
+            # fairseq's convention: loss per target token in base 2
+            "loss": self.loss_sum / total_tokens / math.log(2),
+            "nll_loss": self.nll_sum / total_tokens / math.log(2),
+            "param_grad_norm": {s: param[s].tolist() for s in STACKS},
+            "grad_norm_low_top": {
+                s: (float(param[s][0] / param[s][-1]) if n_layers[s] and param[s][-1] > 0 else None)
+                for s in STACKS
+            },
+            "sublayer_output_grad_norm": {
+                s: {sub: self.sub_sq[s, sub].sqrt().tolist() for sub in SUBLAYERS[s]} for s in STACKS
+            },
+            "cosine_consecutive": {s: _mean_or_none(self.cos_sum[s], self.cos_count[s]) for s in STACKS},
+            "cosine_consecutive_dual": None,
+            "dual_stream": None,
+        }
+        if self.scheme == RESI_DUAL:
+            result["cosine_consecutive_dual"] = {
+                s: _mean_or_none(self.cos_dual_sum[s], self.cos_count[s]) for s in STACKS
+            }
+            result["dual_stream"] = {s: _dual_report(self.stacks[s], self.dual_max[s], self.dual_min_var[s],
+                                                     self.safety) for s in STACKS}
+        return result
+
+
+def analyze_model(model, criterion, batches, keep_dropout=False, safety=0.1):
+    """Measure per-layer gradient norms, consecutive-layer cosine similarity and the dual stream of
+    ``model`` over ``batches`` (fairseq samples on the model's device) with ``criterion`` (a fairseq
+    criterion returning ``(summed loss, sample_size, logging_output)``): :class:`LayerStatistics`.
+
+    Returns:
+        dict of the measurements (see the package docstring); lists run from layer 1 (lowest) up.
+    """
+    total_tokens = sum(int(sample["ntokens"]) for sample in batches)
+    with LayerStatistics(model, total_tokens, keep_dropout, safety) as stats:
+        for sample in batches:
+            stats.add_batch(criterion, sample)
+        return stats.result()
+
+
+def _mean_or_none(total, count):
+    """Element-wise total / count as a list, None where count is 0 (JSON has no NaN)."""
+    return [float(t / n) if n > 0 else None for t, n in zip(total.tolist(), count.tolist())]
+
+
+def _dual_report(stack, max_abs, min_var, safety):
+    c = float(getattr(stack, "dual_scale", 1.0))
+    peak = float(max_abs.max()) if len(max_abs) else 0.0
+    unscaled = peak / c
+    safe = safe_dual_scale(unscaled, safety)
+    var_unscaled = min_var / (c * c)
+    eps_rel = None
+    if safe is not None and var_unscaled > 0:
+        eps_rel = RESI_DUAL_FINAL_LN_EPS / (safe * safe * var_unscaled)
+    return {
+        "scale": c,
+        "max_abs": max_abs.tolist(),
+        "max_abs_peak": peak,
+        "max_abs_unscaled": unscaled,
+        "headroom": (FP16_MAX / peak) if peak > 0 else None,
+        "fp16_max": FP16_MAX,
+        "fp16_safety": safety,
+        "safe_scale": safe,
+        "ln_eps_relative": eps_rel,
+    }

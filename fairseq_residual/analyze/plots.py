@@ -1,0 +1,167 @@
+"""The figures of ``fairseq-residual-analyze``: one PNG per quantity, every model overlaid."""
+import logging
+import math
+import os
+
+from ..config import FP16_MAX
+from .common import POST_LN, PRE_LN, RESI_DUAL, SCHEME_COLORS, STACKS, SUBLAYER_NAMES
+
+# ---------------------------------------------------------------------------------------------
+# plots
+# ---------------------------------------------------------------------------------------------
+
+
+def _nan(values):
+    """None -> NaN, for plotting."""
+    return [math.nan if v is None else v for v in values]
+
+
+#: Post-LN is drawn wider, under the others: at initialisation ResiDual's encoder x_a stream is the
+#: Post-LN computation itself (same seed, same weights), and the two curves coincide.
+SCHEME_STYLES = {
+    POST_LN: {"marker": "o", "markersize": 5, "linewidth": 2.6, "zorder": 2},
+    PRE_LN: {"marker": "s", "markersize": 3, "linewidth": 1.5, "zorder": 3},
+    RESI_DUAL: {"marker": "^", "markersize": 3, "linewidth": 1.3, "zorder": 4},
+}
+
+
+def _style(i, run):
+    scheme = run["scheme"]
+    color = SCHEME_COLORS.get(scheme) if run.get("_unique_scheme", True) else None
+    style = {"color": color or f"C{i}", "marker": "o", "markersize": 3, "linewidth": 1.5}
+    style.update(SCHEME_STYLES.get(scheme, {}))
+    return style
+
+
+def write_plots(runs, out_dir, meta, dpi=90):
+    """One PNG per quantity, every run overlaid; returns the written paths.
+
+    Args:
+        runs: the ``models`` entries of the report (``analyze_model`` results plus ``label``).
+        out_dir: existing output directory.
+        meta: the report's top-level entries (``loss_name``, ``subset``, ``batches``,
+            ``target_tokens``, ``dropout``), shown in the titles.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
+
+    counts = {}
+    for run in runs:
+        counts[run["scheme"]] = counts.get(run["scheme"], 0) + 1
+    for run in runs:
+        run["_unique_scheme"] = counts[run["scheme"]] == 1
+    what = (f"{meta['loss_name']}, {meta['subset']} subset: {meta['batches']} batch(es), "
+            f"{meta['target_tokens']} target tokens; dropout {meta['dropout']}")
+    paths = []
+
+    def save(fig, name):
+        path = os.path.join(out_dir, name)
+        fig.tight_layout()
+        fig.savefig(path, dpi=dpi)
+        plt.close(fig)
+        paths.append(path)
+
+    def layers_axis(ax, n, title, ylabel, log=False):
+        ax.set_title(title)
+        ax.set_xlabel("layer (1 = lowest, next to the embedding)")
+        ax.set_ylabel(ylabel)
+        if log:
+            ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        if n <= 24:
+            ax.set_xticks(range(1, n + 1, 1 if n <= 12 else 2))
+
+    # 1. per-layer parameter gradient norms
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, s in zip(axes, STACKS):
+        n = 0
+        for i, run in enumerate(runs):
+            values = run["param_grad_norm"][s]
+            n = max(n, len(values))
+            ratio = run["grad_norm_low_top"][s]
+            label = run["label"] + (f" (layer 1 / top = {ratio:.3g})" if ratio is not None else "")
+            ax.plot(range(1, len(values) + 1), values, label=label, **_style(i, run))
+        layers_axis(ax, n, f"{s}", "||grad of layer parameters|| (log)", log=True)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Gradient norm of each layer's parameters\n({what})", fontsize=10)
+    save(fig, "grad_norm_layers.png")
+
+    # 2. sub-layer output gradient norms
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    panels = [("encoder", "self_attn"), ("encoder", "ffn"), None,
+              ("decoder", "self_attn"), ("decoder", "cross_attn"), ("decoder", "ffn")]
+    handles = labels = None
+    for ax, panel in zip(axes.flat, panels):
+        if panel is None:
+            legend_ax = ax
+            continue
+        s, sub = panel
+        n = 0
+        for i, run in enumerate(runs):
+            values = run["sublayer_output_grad_norm"][s][sub]
+            n = max(n, len(values))
+            ax.plot(range(1, len(values) + 1), values, label=run["label"], **_style(i, run))
+        layers_axis(ax, n, f"{s} {SUBLAYER_NAMES[sub]}", "||grad of sub-layer output h|| (log)",
+                    log=True)
+        handles, labels = ax.get_legend_handles_labels()
+    legend_ax.axis("off")
+    if handles:
+        legend_ax.legend(handles, labels, loc="center", title="model")
+    fig.suptitle("Gradient norm at each sub-layer's output h (the branch added to the residual "
+                 f"stream), all positions\n({what})", fontsize=10)
+    save(fig, "grad_norm_sublayers.png")
+
+    # 3. consecutive-layer cosine similarity
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, s in zip(axes, STACKS):
+        n = 0
+        for i, run in enumerate(runs):
+            values = _nan(run["cosine_consecutive"][s])
+            n = max(n, len(values) + 1)
+            name = run["label"] + (" x_a stream" if run["scheme"] == RESI_DUAL else "")
+            ax.plot(range(1, len(values) + 1), values, label=name, **_style(i, run))
+            dual = run.get("cosine_consecutive_dual")
+            if dual:
+                style = _style(i, run)
+                style.update(linestyle="--", marker="s")
+                ax.plot(range(1, len(dual[s]) + 1), _nan(dual[s]), label=run["label"] + " dual stream x_d",
+                        **style)
+        ax.set_title(s)
+        ax.set_xlabel("layer l (pair: output of layer l vs layer l+1)")
+        ax.set_ylabel("mean cos(y_l, y_l+1) over tokens")
+        ax.set_ylim(top=1.02)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Cosine similarity of consecutive layer outputs (1 = the layer changed nothing: "
+                 f"representation collapse)\n({what})", fontsize=10)
+    save(fig, "cosine_similarity.png")
+
+    # 4. ResiDual dual-stream range
+    dual_runs = [(i, r) for i, r in enumerate(runs) if r.get("dual_stream")]
+    if dual_runs:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for ax, s in zip(axes, STACKS):
+            n = 0
+            for i, run in dual_runs:
+                d = run["dual_stream"][s]
+                n = max(n, len(d["max_abs"]))
+                safe = d["safe_scale"]
+                label = (f"{run['label']} (c = {d['scale']:g}; "
+                         f"safe c = {safe:g})" if safe is not None else f"{run['label']} (c = {d['scale']:g})")
+                ax.plot(range(1, len(d["max_abs"]) + 1), d["max_abs"], label=label, **_style(i, run))
+            safety = dual_runs[0][1]["dual_stream"][s]["fp16_safety"]
+            ax.axhline(FP16_MAX, color="black", linestyle="-", linewidth=1, label="fp16 max 65504")
+            ax.axhline(safety * FP16_MAX, color="gray", linestyle=":", linewidth=1,
+                       label=f"safety limit {safety:g} x 65504")
+            layers_axis(ax, n, s, "max |x_d| after the layer (log)", log=True)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"ResiDual dual stream x_d: largest magnitude per layer vs the fp16 range\n({what})",
+                     fontsize=10)
+        save(fig, "dual_stream_range.png")
+    for run in runs:
+        run.pop("_unique_scheme", None)
+    return paths

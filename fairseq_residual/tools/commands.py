@@ -1,0 +1,67 @@
+"""The one builder of ``fairseq-train`` commands of the tools, and the benchmark configs' values.
+
+:func:`train_command` writes the command line of a ``residual_transformer`` translation run from one
+settings mapping (the demo's presets, the depth study's cells); :func:`config_values` reads a
+benchmark's tokens per update, default precision and depth from its ``configs/*.yaml``, for
+``scripts/train.sh`` (``python -m fairseq_residual.tools.shell config-values NAME``).
+"""
+import os
+
+from . import REPO
+
+#: the settings :func:`train_command` needs (beyond the data, the output folder and the scheme)
+TRAIN_KEYS = ("layers", "embed_dim", "ffn_dim", "heads", "dropout", "attention_dropout",
+              "activation_dropout", "clip_norm", "lr", "warmup_updates", "weight_decay", "label_smoothing",
+              "max_tokens", "max_update", "seed", "log_interval")
+
+
+def train_command(fairseq_train, data_bin, save_dir, scheme, settings, user_dir, src="de", tgt="en",
+                  task="translation", task_args=(), device_args=("--cpu",), save_args=(), extra=()):
+    """``fairseq-train`` of a ``residual_transformer`` with ``--residual-scheme scheme``, the same
+    dimensions in both stacks, Adam (0.9, 0.98) with inverse_sqrt warm-up from 1e-7, label-smoothed
+    cross-entropy, shared embeddings, JSON logs, no epoch checkpoints.
+
+    Args:
+        settings: a mapping with :data:`TRAIN_KEYS`.
+        task_args, device_args, save_args, extra: more options after the task's, as the device's,
+            after the checkpoint options, and at the end.
+    """
+    s = settings
+    cmd = [fairseq_train, data_bin, "--user-dir", user_dir,
+           "--task", task, "--source-lang", src, "--target-lang", tgt, *task_args,
+           "--arch", "residual_transformer", "--residual-scheme", scheme, "--share-all-embeddings"]
+    for stack in ("encoder", "decoder"):
+        cmd += [f"--{stack}-layers", str(s["layers"]), f"--{stack}-embed-dim", str(s["embed_dim"]),
+                f"--{stack}-ffn-embed-dim", str(s["ffn_dim"]), f"--{stack}-attention-heads", str(s["heads"])]
+    cmd += ["--dropout", str(s["dropout"]), "--attention-dropout", str(s["attention_dropout"]),
+            "--activation-dropout", str(s["activation_dropout"]),
+            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", str(s["clip_norm"]),
+            "--lr", str(s["lr"]), "--lr-scheduler", "inverse_sqrt",
+            "--warmup-updates", str(s["warmup_updates"]), "--warmup-init-lr", "1e-07",
+            "--weight-decay", str(s["weight_decay"]),
+            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", str(s["label_smoothing"]),
+            "--max-tokens", str(s["max_tokens"]), "--required-batch-size-multiple", "1",
+            "--max-update", str(s["max_update"]), "--seed", str(s["seed"]),
+            *device_args, "--num-workers", "0",
+            "--save-dir", save_dir, "--no-epoch-checkpoints", *save_args,
+            "--log-format", "json", "--log-interval", str(s["log_interval"])]
+    return cmd + list(extra)
+
+
+CONFIG_DIR = os.path.join(REPO, "configs")
+
+
+def config_values(name, config_dir=CONFIG_DIR):
+    """A benchmark config's ``tokens_per_update`` (max_tokens x update_freq, on one GPU),
+    ``precision`` (fp32, fp16, bf16 or amp) and ``depth`` (encoder layers)."""
+    from omegaconf import OmegaConf
+
+    path = os.path.join(config_dir, f"{name}.yaml")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no benchmark config {path}")
+    cfg = OmegaConf.load(path)
+    common = cfg.get("common", {})
+    precision = next((p for p in ("amp", "fp16", "bf16") if common.get(p, False)), "fp32")
+    update_freq = cfg.optimization.get("update_freq", [1])
+    return dict(tokens_per_update=int(cfg.dataset.max_tokens) * int(update_freq[0]), precision=precision,
+                depth=int(cfg.model.encoder_layers))

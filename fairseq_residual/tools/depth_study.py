@@ -1,0 +1,431 @@
+"""Depth-scaling study: Post-LN vs Pre-LN vs ResiDual at several depths, same update budget, CPU.
+
+Entry point: ``scripts/depth_study.sh`` (run with ``--help`` for the options). For every residual
+scheme and every depth L (layers per stack, default 6, 12, 24, 48) it trains a narrow
+``residual_transformer`` (default width 64, FFN 128, 4 heads) on the shipped Ding German->English
+corpus for the same number of updates with the same recipe, then records
+
+* the valid loss and nll loss (fairseq's end-of-training validation on the whole valid split,
+  bits per target token),
+* sacreBLEU (and chrF) of ``fairseq-generate`` translations of the first ``--bleu-sentences`` test
+  sentences, detokenized with the sentencepiece model and scored against the raw references,
+* the per-layer gradient-norm ratio (encoder layer 1 / top layer, ``--task
+  translation_with_grad_norms``) at the last logged update, and the wall time.
+
+A run that breaks is reported, not dropped: ``diverged`` when fairseq stops on NaN/Inf gradients
+(``FloatingPointError``), a loss-scale or other "exceeded" fatal error, or ends with a NaN valid loss
+or a valid nll loss above the uniform guess log2(|V|) (the loss exploded); ``failed`` for any other
+error (its message is kept).
+
+Output (default ``runs/depth_study/``)::
+
+    data/                       sentencepiece model + binarized corpus (scripts/demo.py's
+                                data preparation, reused) and data/bleu-test-N/ (BLEU subset)
+    cells/<scheme>-L<depth>-w<width>-u<updates>-<hash>/
+                                train.log, checkpoint_last.pt, generate-test.txt, result.json
+    results.md, results.json, quality_vs_depth.png
+
+Finished cells (``result.json`` present, same settings: the settings hash is in the folder name)
+are skipped, so an interrupted study resumes where it stopped, and ``--depths`` / ``--schemes`` can
+be extended later without redoing anything. ``--report-only`` rebuilds the tables and the plot.
+Errors meant for the user are printed as ``ERROR: ...`` with exit status 2.
+"""
+
+import argparse
+import concurrent.futures
+import datetime
+import hashlib
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from . import PLUGIN_DIR, REPO, demo, divergence
+from .commands import train_command as fairseq_train_command
+from .files import read_json, write_json
+from .logs import number as _num
+from .logs import read_generate, read_train_log
+from .report import LABELS, ORDER, fmt, fmtg, plot_against_depth
+from .runner import ToolError, loadavg, logger, run_logged, tool
+
+USER_DIR = PLUGIN_DIR
+DEFAULT_DATA = os.path.join(REPO, "data", "ding-de-en")
+DEFAULT_OUT = os.path.join(REPO, "runs", "depth_study")
+SCHEMES = ORDER
+SRC, TGT = "de", "en"
+
+
+StudyError = ToolError
+log = logger("depth-study")
+
+
+# ------------------------------------------------------------------------------------------------
+# data
+
+
+def prepare(args, demo):
+    """Binarized corpus (demo's preparation) and a binarized BLEU subset of the test split."""
+    try:
+        digests, counts = demo.check_corpus(args.data)
+        ns = argparse.Namespace(out=args.out, subset=0, data=args.data, overwrite=False)
+        paths = demo.prepare_data(ns, {"vocab_size": args.vocab_size}, digests, counts)
+    except demo.DemoError as exc:
+        raise StudyError(str(exc))
+    n = min(args.bleu_sentences, counts["test"])
+    bleu_dir = os.path.join(paths["dir"], f"bleu-test-{n}")
+    stamp = os.path.join(bleu_dir, "done.json")
+    settings = {"data": paths["fingerprint"], "sentences": n}
+    if read_json(stamp) != settings:
+        os.makedirs(bleu_dir, exist_ok=True)
+        for lang in (SRC, TGT):
+            with open(os.path.join(paths["dir"], "spm", f"test.{lang}"), encoding="utf-8") as f:
+                lines = f.read().split("\n")[:n]
+            with open(os.path.join(bleu_dir, f"test.{lang}"), "w", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+        with open(os.path.join(paths["dir"], "raw", f"test.{TGT}"), encoding="utf-8") as f:
+            refs = f.read().split("\n")[:n]
+        with open(os.path.join(bleu_dir, f"ref.{TGT}"), "w", encoding="utf-8") as f:
+            f.write("\n".join(refs) + "\n")
+        cmd = [tool("fairseq-preprocess"), "--source-lang", SRC, "--target-lang", TGT,
+               "--testpref", os.path.join(bleu_dir, "test"), "--destdir", os.path.join(bleu_dir, "bin"),
+               "--joined-dictionary", "--srcdict", os.path.join(paths["dir"], "dict.txt"), "--workers", "1"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise StudyError(f"fairseq-preprocess of the BLEU subset failed:\n{proc.stderr[-2000:]}")
+        write_json(stamp, settings)
+    with open(os.path.join(paths["dir"], "dict.txt"), encoding="utf-8") as f:
+        vocab = sum(1 for _ in f) + 4  # fairseq adds <s>, <pad>, </s>, <unk>
+    return dict(paths, bleu_bin=os.path.join(bleu_dir, "bin"), bleu_ref=os.path.join(bleu_dir, f"ref.{TGT}"),
+                bleu_sentences=n, vocab=vocab)
+
+
+# ------------------------------------------------------------------------------------------------
+# one cell: train, classify, translate, score
+
+
+def cell_settings(args, scheme, depth, data):
+    return dict(scheme=scheme, depth=depth, width=args.width, ffn_dim=args.ffn_dim or 2 * args.width,
+                heads=args.heads, updates=args.updates, lr=args.lr, warmup=args.warmup,
+                max_tokens=args.max_tokens, dropout=args.dropout, clip_norm=args.clip_norm,
+                seed=args.seed, data=data["fingerprint"], beam=args.beam,
+                bleu_sentences=data["bleu_sentences"], extra_train_args=args.extra_train_args)
+
+
+def cell_dir(args, settings):
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+    name = f"{settings['scheme']}-L{settings['depth']}-w{settings['width']}-u{settings['updates']}-{digest}"
+    return os.path.join(args.out, "cells", name)
+
+
+def train_command(args, s, data_bin, run_dir):
+    settings = dict(layers=s["depth"], embed_dim=s["width"], ffn_dim=s["ffn_dim"], heads=s["heads"],
+                    dropout=s["dropout"], attention_dropout=0, activation_dropout=0, clip_norm=s["clip_norm"],
+                    lr=s["lr"], warmup_updates=s["warmup"], weight_decay=0.0001, label_smoothing=0.1,
+                    max_tokens=s["max_tokens"], max_update=s["updates"], seed=s["seed"],
+                    log_interval=args.log_interval)
+    return fairseq_train_command(
+        tool("fairseq-train"), data_bin, run_dir, s["scheme"], settings, args.user_dir, SRC, TGT,
+        task="translation_with_grad_norms", task_args=("--log-grad-norm-interval", str(args.log_interval)),
+        # one checkpoint and one validation, at the end (validate/save intervals are in epochs)
+        save_args=("--save-interval", "100000", "--validate-interval", "100000", "--no-save-optimizer-state"),
+        extra=shlex.split(s["extra_train_args"]))
+
+
+def parse_log(path):
+    """fairseq's ``--log-format json`` lines: lists of dicts for train_inner, train and valid."""
+    log = read_train_log(path)
+    return {kind: log[kind] for kind in ("train_inner", "train", "valid")}
+
+
+def classify(rc, log_text, stats, vocab):
+    """``(status, reason)``: ok / diverged / failed, by the project's rule (:mod:`.divergence`)."""
+    return divergence.classify(rc, log_text, stats.get("valid_nll_loss"), vocab)
+
+
+def translate_and_score(args, demo, data, s, run_dir):
+    ckpt = os.path.join(run_dir, "checkpoint_last.pt")
+    cmd = [tool("fairseq-generate"), data["bleu_bin"], "--user-dir", args.user_dir, "--path", ckpt,
+           "--task", "translation", "--source-lang", SRC, "--target-lang", TGT, "--gen-subset", "test",
+           "--beam", str(s["beam"]), "--max-len-a", "1.2", "--max-len-b", "10", "--batch-size", "128",
+           "--required-batch-size-multiple", "1", "--cpu", "--num-workers", "0", "--results-path", run_dir]
+    t0 = time.time()
+    rc, cpu = run_logged(cmd, os.path.join(run_dir, "generate.log"), args.threads)
+    if rc != 0:
+        return {"bleu": None, "bleu_error": f"fairseq-generate exit status {rc} (see generate.log)"}
+    hyps = read_generate(os.path.join(run_dir, "generate-test.txt"))["hyps"]
+    n = data["bleu_sentences"]
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=data["spm_model"])
+    hyp_path = os.path.join(run_dir, f"hyp.test.{TGT}")
+    with open(hyp_path, "w", encoding="utf-8") as f:
+        f.write("".join(sp.decode(hyps.get(i, "").split()) + "\n" for i in range(n)))
+    scores = demo.score(hyp_path, data["bleu_ref"])
+    scores["translate_s"] = round(time.time() - t0, 1)
+    scores["translate_cpu_s"] = cpu
+    scores["translated"] = len(hyps)
+    return scores
+
+
+def run_cell(args, demo, data, scheme, depth):
+    s = cell_settings(args, scheme, depth, data)
+    run_dir = cell_dir(args, s)
+    result_path = os.path.join(run_dir, "result.json")
+    done = read_json(result_path)
+    if done is not None:
+        log(f"{scheme} L={depth}: finished earlier ({done['status']}), skipped")
+        return done
+    os.makedirs(run_dir, exist_ok=True)
+    write_json(os.path.join(run_dir, "settings.json"), s)
+    train_done = os.path.join(run_dir, "train_done.json")
+    train = read_json(train_done)
+    if train is None or train.get("settings") != s:
+        log(f"{scheme} L={depth}: training {s['updates']} updates (load average {loadavg()})")
+        t0 = time.time()
+        cmd = train_command(args, s, data["bin"], run_dir)
+        rc, cpu = run_logged(cmd, os.path.join(run_dir, "train.log"), args.threads)
+        with open(os.path.join(run_dir, "train.log"), encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        parsed = parse_log(os.path.join(run_dir, "train.log"))
+        valid = parsed["valid"][-1] if parsed["valid"] else {}
+        inner = parsed["train_inner"]
+        last_gn = next((r for r in reversed(inner) if "gnorm_enc_low_top" in r), {})
+        stats = {
+            "valid_loss": _num(valid.get("valid_loss")),
+            "valid_nll_loss": _num(valid.get("valid_nll_loss")),
+            "valid_ppl": _num(valid.get("valid_ppl")),
+            "updates_done": int(_num(inner[-1].get("num_updates")) or 0) if inner else 0,
+            "first_train_loss": _num(inner[0].get("loss")) if inner else None,
+            "last_train_loss": _num(inner[-1].get("loss")) if inner else None,
+            "last_gnorm": _num(inner[-1].get("gnorm")) if inner else None,
+            "grad_norm_low_top_enc": _num(last_gn.get("gnorm_enc_low_top")),
+            "grad_norm_low_top_dec": _num(last_gn.get("gnorm_dec_low_top")),
+        }
+        status, reason = classify(rc, text, stats, data["vocab"])
+        train = dict(settings=s, status=status, reason=reason, exit_status=rc, stats=stats,
+                     train_s=round(time.time() - t0, 1), train_cpu_s=cpu, load_end=loadavg(),
+                     command=" ".join(shlex.quote(c) for c in cmd))
+        write_json(train_done, train)
+        log(f"{scheme} L={depth}: {status}{' (' + reason + ')' if reason else ''}, "
+            f"valid nll {stats['valid_nll_loss']}, {train['train_s']:.0f} s")
+    result = dict(train, cell=os.path.basename(run_dir))
+    result["scores"] = None
+    if train["status"] == "ok" or (train["status"] == "diverged"
+                                   and os.path.exists(os.path.join(run_dir, "checkpoint_last.pt"))):
+        result["scores"] = translate_and_score(args, demo, data, s, run_dir)
+        log(f"{scheme} L={depth}: BLEU {result['scores'].get('bleu')} "
+            f"({result['scores'].get('translate_s', 0):.0f} s to translate)")
+    write_json(result_path, result)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# report
+
+
+def write_report(args, data, results, wall_s):
+    by = {(r["settings"]["scheme"], r["settings"]["depth"]): r for r in results}
+    schemes = [s for s in args.schemes if any(k[0] == s for k in by)]
+    depths = sorted({k[1] for k in by})
+    any_s = results[0]["settings"]
+    sig = next((r["scores"].get("bleu_signature") for r in results if r.get("scores")
+                and r["scores"].get("bleu_signature")), None)
+
+    def cell_text(r):
+        if r is None:
+            return "not run"
+        bleu = r["scores"].get("bleu") if r.get("scores") else None
+        nll = r["stats"].get("valid_nll_loss")
+        if r["status"] == "ok":
+            return f"{fmt(bleu)} / {fmt(nll)}"
+        return f"**{r['status']}**" + (f" ({fmt(bleu)} / {fmt(nll)})" if bleu is not None else "")
+
+    head = "| layers per stack | " + " | ".join(LABELS[s] for s in schemes) + " |\n"
+    head += "|---:|" + "---|" * len(schemes) + "\n"
+    pivot = head + "".join(
+        f"| {d} | " + " | ".join(cell_text(by.get((s, d))) for s in schemes) + " |\n" for d in depths)
+
+    detail = ("| scheme | layers | status | valid loss | valid nll | BLEU | chrF | enc grad L1/top | "
+              "dec grad L1/top | train s (CPU s) | translate s (CPU s) | note |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+    for d in depths:
+        for s in schemes:
+            r = by.get((s, d))
+            if r is None:
+                continue
+            st, sc = r["stats"], r.get("scores") or {}
+            detail += (f"| {LABELS[s]} | {d} | {r['status']} | {fmt(st.get('valid_loss'))} | "
+                       f"{fmt(st.get('valid_nll_loss'))} | {fmt(sc.get('bleu'))} | {fmt(sc.get('chrf'))} | "
+                       f"{fmtg(st.get('grad_norm_low_top_enc'))} | {fmtg(st.get('grad_norm_low_top_dec'))} | "
+                       f"{r['train_s']:.0f} ({fmt(r.get('train_cpu_s'), 0)}) | "
+                       f"{fmt(sc.get('translate_s'), 0)} ({fmt(sc.get('translate_cpu_s'), 0)}) | "
+                       f"{(r['reason'] or '').replace('|', '/')} |\n")
+    command = "scripts/depth_study.sh " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    cell_wall = sum(r.get("train_s") or 0 for r in results)
+    cpus = [r.get("train_cpu_s") for r in results]
+    cell_cpu = None if None in cpus else sum(cpus)  # cells of older versions did not record it
+    text = (
+        "# Depth-scaling study: Post-LN vs Pre-LN vs ResiDual\n\n"
+        f"Command: `{command}`  \n"
+        f"Date: {datetime.datetime.now():%Y-%m-%d %H:%M}; {os.cpu_count()} CPU cores, {args.jobs} job(s) "
+        f"of {args.threads or 'default'} thread(s); load average at the end {loadavg()}; this "
+        f"invocation {wall_s / 60:.1f} min; the cells' training took {cell_wall / 60:.1f} min wall"
+        + (f", {cell_cpu / 60:.1f} CPU-min" if cell_cpu is not None else "")
+        + " (translation not included).\n\n"
+        f"Setup: Ding de->en corpus (13k training pairs), joint sentencepiece vocabulary "
+        f"{args.vocab_size}; residual_transformer L+L layers, width {any_s['width']}, FFN "
+        f"{any_s['ffn_dim']}, {any_s['heads']} heads, dropout {any_s['dropout']}, shared embeddings; Adam "
+        f"(0.9, 0.98), lr {any_s['lr']} (inverse_sqrt, {any_s['warmup']} warm-up updates from 1e-7), "
+        f"clip-norm {any_s['clip_norm']}, weight decay 1e-4, label smoothing 0.1, max_tokens "
+        f"{any_s['max_tokens']}, **{any_s['updates']} updates for every cell**, seed {any_s['seed']}, "
+        f"CPU, fp32.\n\n"
+        f"BLEU: sacreBLEU of beam-{any_s['beam']} translations of the first {data['bleu_sentences']} "
+        f"test sentences (detokenized, raw references); signature `{sig}`. Valid loss / nll: fairseq's "
+        f"validation on all 1000 valid pairs after the last update, bits per target token. Grad "
+        f"L1/top: gradient norm of layer 1's parameters / the top layer's at the last logged update "
+        f"(`--task translation_with_grad_norms`). Times: wall-clock seconds on a possibly shared "
+        f"machine, and the CPU seconds the process used (user + system; comparable across loads).\n\n"
+        f"A cell is **diverged** (the project's one rule, fairseq_residual/tools/divergence.py) when "
+        f"training stopped on a NaN/inf loss, NaN/Inf gradients, the fp16 minimum loss scale or a fatal "
+        f"'exceeded' error, or ended with a NaN valid loss or a valid nll above log2(|V|) = "
+        f"{math.log2(data['vocab']):.2f} bits (worse than a uniform guess); **failed** for other errors.\n\n"
+        f"## BLEU / valid nll loss by depth\n\n{pivot}\n"
+        f"## All numbers\n\n{detail}\n"
+        f"Plot: `quality_vs_depth.png`\n")
+    with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    write_json(os.path.join(args.out, "results.json"), dict(
+        command=command, date=datetime.datetime.now().isoformat(timespec="seconds"),
+        wall_s=round(wall_s, 1), vocab=data["vocab"], bleu_sentences=data["bleu_sentences"],
+        bleu_signature=sig, cells=results))
+    plot(schemes, depths, by, os.path.join(args.out, "quality_vs_depth.png"), any_s)
+    return pivot
+
+
+def plot(schemes, depths, by, path, s):
+    panels = [("BLEU (sacreBLEU, test subset)", lambda r: (r.get("scores") or {}).get("bleu")),
+              ("valid nll loss (bits / token)", lambda r: r["stats"].get("valid_nll_loss"))]
+    plot_against_depth(schemes, depths, by, path, panels,
+                       f"Quality against depth: width {s['width']}, FFN {s['ffn_dim']}, {s['updates']} updates "
+                       f"of {s['max_tokens']} tokens, lr {s['lr']}, warm-up {s['warmup']}\n"
+                       "(x below the dotted line: the run diverged or failed, see results.md)")
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def int_list(text):
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def scheme_list(text):
+    values = [v for v in text.replace(" ", "").split(",") if v]
+    bad = [v for v in values if v not in SCHEMES]
+    if bad or not values:
+        raise argparse.ArgumentTypeError(f"unknown scheme(s) {bad}: choose from {', '.join(SCHEMES)}")
+    return values
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="depth_study.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train Post-LN, Pre-LN and ResiDual residual_transformer models at several depths "
+                    "for the same number of updates on the Ding de->en corpus (CPU); report valid loss, "
+                    "sacreBLEU and divergence as a Markdown table, JSON and a plot. Finished cells are "
+                    "skipped when run again.",
+        epilog="Default grid: 12 cells x 300 updates, about 115 CPU-minutes (about 1 hour on 2 idle "
+               "cores with the default --jobs 2 --threads 1). Larger grid, e.g.: depth_study.sh "
+               "--depths 6,12,24,48,96 --updates 2000 --warmup 400 --width 128 --jobs 8 on a bigger machine")
+    p.add_argument("--depths", type=int_list, default=[6, 12, 24, 48],
+                   help="layers per stack, comma-separated (default: 6,12,24,48)")
+    p.add_argument("--schemes", type=scheme_list, default=list(SCHEMES),
+                   help=f"comma-separated residual schemes (default: {','.join(SCHEMES)})")
+    p.add_argument("--updates", type=int, default=300, help="updates per cell (default 300)")
+    p.add_argument("--width", type=int, default=64, help="model width (default 64)")
+    p.add_argument("--ffn-dim", type=int, default=None, help="FFN width (default: 2 x width)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    p.add_argument("--warmup", type=int, default=60, help="inverse_sqrt warm-up updates (default 60)")
+    p.add_argument("--clip-norm", type=float, default=0.0, help="gradient clipping (default 0: off)")
+    p.add_argument("--dropout", type=float, default=0.1, help="dropout (default 0.1)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch (default 4096)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--vocab-size", type=int, default=4000, help="sentencepiece vocabulary (default 4000)")
+    p.add_argument("--bleu-sentences", type=int, default=300,
+                   help="translate the first N test sentences for BLEU (default 300)")
+    p.add_argument("--beam", type=int, default=4, help="beam size for BLEU (default 4)")
+    p.add_argument("--log-interval", type=int, default=25,
+                   help="fairseq log and per-layer grad-norm interval, updates (default 25)")
+    p.add_argument("--jobs", type=int, default=2,
+                   help="cells trained at the same time (default 2: one per core of a 2-core machine)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads per fairseq process (OMP_NUM_THREADS; default 1; 0: torch's "
+                        "choice). Narrow models gain little from a second thread and lose much when "
+                        "the cores are shared")
+    p.add_argument("--data", default=DEFAULT_DATA, help="corpus folder (default: data/ding-de-en)")
+    p.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: runs/depth_study)")
+    p.add_argument("--user-dir", default=USER_DIR, help="the fairseq_residual plugin folder")
+    p.add_argument("--extra-train-args", default="", help="more fairseq-train options (one string)")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: rebuild results.md/json and the plot from finished cells")
+    p.add_argument("--dry-run", action="store_true", help="print the cells and their commands only")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        if args.updates < 1 or args.jobs < 1 or args.bleu_sentences < 1:
+            raise StudyError("--updates, --jobs and --bleu-sentences must be >= 1")
+        if args.width % args.heads:
+            raise StudyError(f"--width {args.width} is not divisible by --heads {args.heads}")
+        args.out = os.path.abspath(args.out)
+        os.makedirs(args.out, exist_ok=True)
+        t0 = time.time()
+        data = prepare(args, demo)
+        cells = [(s, d) for d in args.depths for s in args.schemes]
+        if args.dry_run:
+            for s, d in cells:
+                st = cell_settings(args, s, d, data)
+                print(f"{cell_dir(args, st)}\n  " + " ".join(
+                    shlex.quote(c) for c in train_command(args, st, data["bin"], cell_dir(args, st))))
+            return 0
+        if args.report_only:
+            results = [read_json(os.path.join(cell_dir(args, cell_settings(args, s, d, data)), "result.json"))
+                       for s, d in cells]
+            results = [r for r in results if r]
+            if not results:
+                raise StudyError(f"no finished cell with these settings under {args.out}/cells")
+        else:
+            log(f"{len(cells)} cells: schemes {','.join(args.schemes)} x depths "
+                f"{','.join(map(str, args.depths))}, {args.updates} updates each, {args.jobs} job(s)")
+            # deepest first: the longest cells start early, which packs parallel jobs better
+            order = sorted(cells, key=lambda c: -c[1])
+            with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+                futures = {pool.submit(run_cell, args, demo, data, s, d): (s, d) for s, d in order}
+                done = {futures[f]: f.result() for f in concurrent.futures.as_completed(futures)}
+            results = [done[c] for c in cells]
+        pivot = write_report(args, data, results, time.time() - t0)
+        print("\n" + pivot)
+        log(f"wrote {os.path.join(args.out, 'results.md')}, results.json and quality_vs_depth.png "
+            f"({(time.time() - t0) / 60:.1f} min)")
+    except StudyError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print("\nInterrupted; run the same command again to resume (finished cells are kept).",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The one rule, for the whole project, that says a training run diverged.
+
+A run **diverged** when
+
+1. its log shows a sign of numerical blow-up (:data:`SIGNS`): a NaN/inf loss, NaN/Inf gradients
+   (fairseq's ``FloatingPointError``), fp16's "Minimum loss scale reached", a fatal gradient norm or
+   limit "exceeded", or "NaN detected" (:func:`log_sign`); or
+2. its validation loss is not a finite number, or its valid nll loss is above ``log2(|V|)`` bits, the
+   loss of a uniform guess over the vocabulary, when the caller knows the vocabulary (:func:`loss_sign`).
+
+The reason names the sign and quotes the **last** log line showing it (the exception's message rather
+than the source line that raised it). Both the depth study (one training process it ran, with its exit
+status) and the benchmark tables (run directories on disk: :func:`run_dir_divergence`, which also counts
+a crash that left no ``checkpoint_last.pt``) apply this rule; a run that failed without any of these
+signs failed for another reason (out of memory, a wrong option, ...).
+"""
+import glob
+import math
+import os
+import re
+
+#: (reason, pattern) of the log lines that mark a diverged run, first match wins for a line
+SIGNS = (
+    ("nan/inf loss", re.compile(r"""\bloss["']?\s*[=:|]?\s*["']?[-+]?(nan|inf)\b""", re.I)),
+    ("NaN/Inf gradients (FloatingPointError)", re.compile(r"FloatingPointError")),
+    ("NaN/Inf gradients", re.compile(r"gradients are Nan/Inf")),
+    ("fp16 minimum loss scale reached", re.compile(r"Minimum loss scale reached")),
+    ("fatal: limit exceeded", re.compile(r"(fatal|norm|limit)\b.*\bexceeded", re.I)),
+    ("NaN detected", re.compile(r"NaN detected")),
+)
+#: a crash (in a log that may also hold an earlier, finished training)
+CRASH = re.compile(r"^Traceback \(most recent call last\)|Error executing job|ChildFailedError")
+DONE = re.compile(r"done training in")
+#: the logs of a run directory that training writes (not the evaluation's)
+LOG_GLOBS = ("hydra_train.log", "train.log", "slurm-*.out", "*.log")
+
+
+def line_sign(line):
+    """The reason of the first sign in :data:`SIGNS` that ``line`` shows, or None."""
+    for reason, pattern in SIGNS:
+        if pattern.search(line):
+            return reason
+    return None
+
+
+def log_sign(lines):
+    """``(reason, line)`` for the last line of ``lines`` (an iterable or a text) showing a sign of
+    divergence, or None."""
+    if isinstance(lines, str):
+        lines = lines.splitlines()
+    found = None
+    for line in lines:
+        reason = line_sign(line)
+        if reason:
+            found = (reason, line.strip())
+    return found
+
+
+def loss_sign(nll, vocab=None):
+    """Why the valid nll loss ``nll`` (bits per token) shows divergence, or None; ``vocab``: the
+    dictionary size (no uniform-guess check without it)."""
+    if nll is None:
+        return None
+    if not math.isfinite(nll):
+        return f"valid nll loss is {nll}"
+    if vocab:
+        uniform = math.log2(vocab)
+        if nll > uniform:
+            return (f"loss exploded: valid nll loss {nll:.2f} bits > uniform guess "
+                    f"log2({vocab}) = {uniform:.2f} bits")
+    return None
+
+
+def log_files(run_dir):
+    """The run's training logs (not the evaluation's), per :data:`LOG_GLOBS`."""
+    seen = []
+    for pattern in LOG_GLOBS:
+        for path in sorted(glob.glob(os.path.join(run_dir, pattern))):
+            if path not in seen and os.path.isfile(path):
+                seen.append(path)
+    return seen
+
+
+def run_dir_divergence(run_dir):
+    """Why the run in ``run_dir`` diverged (a short reason), or None.
+
+    The signs of :data:`SIGNS` anywhere in its logs, or a crash (a traceback after the last 'done
+    training') that left no checkpoint_last.pt.
+    """
+    crashed = False
+    for path in log_files(run_dir):
+        crashed_at = done_at = -1
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+        sign = log_sign(lines)
+        if sign:
+            return f"{sign[0]} ({os.path.basename(path)}: {sign[1][:120]})"
+        for position, line in enumerate(lines):
+            if CRASH.search(line):
+                crashed_at = position
+            if DONE.search(line):
+                done_at = position
+        crashed = crashed or crashed_at > done_at
+    if crashed and not os.path.exists(os.path.join(run_dir, "checkpoint_last.pt")):
+        return "crashed without a final checkpoint (checkpoint_last.pt missing)"
+    return None
+
+
+def classify(rc, log_text, nll, vocab=None):
+    """``(status, reason)`` of one training process: ``ok``, ``diverged`` or ``failed``, from its exit
+    status ``rc``, its output ``log_text`` and its last valid nll loss ``nll`` (None: no validation)."""
+    if rc != 0:
+        sign = log_sign(log_text)
+        if sign:
+            return "diverged", f"{sign[0]}: {sign[1][-200:]}"
+        last = [l.strip() for l in log_text.splitlines() if l.strip()][-1:] or ["(no output)"]
+        return "failed", f"fairseq-train exit status {rc}: {last[0][-300:]}"
+    if nll is None:
+        return "failed", "no validation result in the log"
+    reason = loss_sign(nll, vocab)
+    if reason:
+        return "diverged", reason
+    return "ok", ""

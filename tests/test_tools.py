@@ -1,0 +1,89 @@
+"""The tooling library ``fairseq_residual.tools``: not loaded by the plugin, and its shared parts (the
+one divergence rule, the one training-log parser, the one generate-output reader, the configs' values)."""
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from fairseq_residual.tools import commands, divergence, logs
+
+pytestmark = pytest.mark.model
+
+
+@pytest.mark.parametrize("module", ["fairseq_residual", "fairseq_residual.model"])
+def test_loading_the_plugin_does_not_import_the_tools(module):
+    code = (f"import sys, {module}; loaded = sorted(m for m in sys.modules if m.startswith("
+            f"('fairseq_residual.tools', 'fairseq_residual.analyze', 'matplotlib'))); print(loaded)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("epoch 003:  50 / 1100 loss=nan, nll_loss=nan, ppl=nan", "nan/inf loss"),
+    ('{"loss": "inf", "nll_loss": "3.1"}', "nan/inf loss"),
+    ("FloatingPointError: gradients are Nan/Inf", "NaN/Inf gradients (FloatingPointError)"),
+    ("WARNING | gradients are Nan/Inf", "NaN/Inf gradients"),
+    ("FloatingPointError: Minimum loss scale reached (0.0001).", "NaN/Inf gradients (FloatingPointError)"),
+    ("| Minimum loss scale reached (0.0001)", "fp16 minimum loss scale reached"),
+    ("Fatal error: gradients norm exceeded threshold", "fatal: limit exceeded"),
+    ("NaN detected in output", "NaN detected"),
+    ("epoch 001 | loss 4.2 | nll_loss 3.1", None),
+    ("RuntimeError: out of memory", None),
+])
+def test_one_divergence_rule_for_log_lines(text, reason):
+    assert divergence.line_sign(text) == reason
+
+
+def test_the_last_line_showing_divergence_is_quoted():
+    text = 'raise FloatingPointError("gradients are Nan/Inf")\nFloatingPointError: gradients are Nan/Inf\nbye\n'
+    assert divergence.log_sign(text) == ("NaN/Inf gradients (FloatingPointError)",
+                                         "FloatingPointError: gradients are Nan/Inf")
+    assert divergence.log_sign("all fine\n") is None
+
+
+@pytest.mark.parametrize("nll, vocab, diverged", [
+    (6.5, 4000, False), (12.5, 4000, True), (math.nan, 4000, True), (math.inf, None, True),
+    (12.5, None, False), (None, 4000, False),
+])
+def test_one_divergence_rule_for_the_valid_loss(nll, vocab, diverged):
+    assert (divergence.loss_sign(nll, vocab) is not None) == diverged
+
+
+def test_train_log_parser_reads_fairseq_train_and_hydra_logs(tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text(
+        "2026 | INFO | fairseq_cli.train | num. shared model params: 1,234 (num. trained: 1,234)\n"
+        '2026 | INFO | train_inner | {"epoch": 1, "num_updates": "10", "loss": "9.5", "wps": "100", '
+        '"train_wall": "1"}\n'
+        '[2026-01-01 00:00:00,000][train_inner][INFO] - {"epoch": 1, "num_updates": "20", "loss": "8.5"}\n'
+        '[2026-01-01 00:00:00,000][valid][INFO] - {"epoch": 1, "valid_loss": "8.0", "valid_nll_loss": "7.5", '
+        '"valid_ppl": "181", "valid_num_updates": "20"}\n'
+        '2026 | INFO | train | {"epoch": 1, "train_loss": "9.0"}\n'
+        "2026 | INFO | train_inner | {broken json\n"
+    )
+    log = logs.read_train_log(path)
+    assert [r["num_updates"] for r in log["train_inner"]] == ["10", "20"]
+    assert log["train"] == [{"epoch": 1, "train_loss": "9.0"}] and log["params"] == 1234
+    curves = logs.loss_curves(path)
+    assert curves["train"] == [(10, 9.5), (20, 8.5)] and curves["valid"] == [(20, 8.0, 7.5, 181.0)]
+    assert logs.read_train_log(tmp_path / "missing.log") == {"train_inner": [], "train": [], "valid": [],
+                                                             "params": None}
+
+
+def test_generate_reader(tmp_path):
+    path = tmp_path / "generate-test.txt"
+    path.write_text("S-1\tein Haus\nT-1\ta house\nH-1\t-0.5\ta ▁house\nD-1\t-0.5\ta house\nP-1\t-0.1 -0.2\n"
+                    "H-0\t-0.7\t\nGenerate test with beam=5: BLEU4 = 12.34, ...\n", encoding="utf-8")
+    gen = logs.read_generate(path)
+    assert gen["hyps"] == {1: "a ▁house", 0: ""} and gen["detok"] == {1: "a house"}
+    assert gen["refs"] == {1: "a house"} and gen["sources"] == {1: "ein Haus"}
+    assert gen["bleu_line"].startswith("Generate test with beam=5: BLEU4 = 12.34")
+
+
+@pytest.mark.parametrize("name, tokens, precision, depth", [
+    ("iwslt14_de_en", 4096, "fp32", 6), ("wmt14_en_de", 65536, "amp", 6), ("opus100", 65536, "fp16", 18),
+])
+def test_benchmark_config_values(name, tokens, precision, depth):
+    assert commands.config_values(name) == dict(tokens_per_update=tokens, precision=precision, depth=depth)
