@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from conftest import build_model, make_dictionary, random_batch
 from test_exactness import ref_attention, ref_ffn, ref_ln
 
+pytestmark = pytest.mark.model
+
 TOL = 1e-5
 N_ENC, N_DEC = 3, 2
 DEPTH = ["--encoder-layers", N_ENC, "--decoder-layers", N_DEC]
