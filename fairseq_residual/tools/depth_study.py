@@ -129,6 +129,7 @@ def train_command(args, s, data_bin, run_dir):
     return fairseq_train_command(
         tool("fairseq-train"), data_bin, run_dir, s["scheme"], settings, args.user_dir, SRC, TGT,
         task="translation_with_grad_norms", task_args=("--log-grad-norm-interval", str(args.log_interval)),
+        device_args=getattr(args, "device_args", ("--cpu",)),
         # one checkpoint and one validation, at the end (validate/save intervals are in epochs)
         save_args=("--save-interval", "100000", "--validate-interval", "100000", "--no-save-optimizer-state"),
         extra=shlex.split(s["extra_train_args"]))
@@ -150,7 +151,8 @@ def translate_and_score(args, demo, data, s, run_dir):
     cmd = [tool("fairseq-generate"), data["bleu_bin"], "--user-dir", args.user_dir, "--path", ckpt,
            "--task", "translation", "--source-lang", SRC, "--target-lang", TGT, "--gen-subset", "test",
            "--beam", str(s["beam"]), "--max-len-a", "1.2", "--max-len-b", "10", "--batch-size", "128",
-           "--required-batch-size-multiple", "1", "--cpu", "--num-workers", "0", "--results-path", run_dir]
+           "--required-batch-size-multiple", "1", *getattr(args, "device_args", ("--cpu",)), "--num-workers", "0",
+           "--results-path", run_dir]
     t0 = time.time()
     rc, cpu = run_logged(cmd, os.path.join(run_dir, "generate.log"), args.threads)
     if rc != 0:
@@ -170,20 +172,23 @@ def translate_and_score(args, demo, data, s, run_dir):
     return scores
 
 
-def run_cell(args, demo, data, scheme, depth):
+def run_cell(args, demo, data, scheme, depth, label=None):
+    """Train, classify, translate and score one cell (skipped when its ``result.json`` exists); ``label``
+    names it in progress lines (default ``<scheme> L=<depth>``). Returns the result dict."""
     s = cell_settings(args, scheme, depth, data)
+    name = label or f"{scheme} L={depth}"
     run_dir = cell_dir(args, s)
     result_path = os.path.join(run_dir, "result.json")
     done = read_json(result_path)
     if done is not None:
-        log(f"{scheme} L={depth}: finished earlier ({done['status']}), skipped")
+        log(f"{name}: finished earlier ({done['status']}), skipped")
         return done
     os.makedirs(run_dir, exist_ok=True)
     write_json(os.path.join(run_dir, "settings.json"), s)
     train_done = os.path.join(run_dir, "train_done.json")
     train = read_json(train_done)
     if train is None or train.get("settings") != s:
-        log(f"{scheme} L={depth}: training {s['updates']} updates (load average {loadavg()})")
+        log(f"{name}: training {s['updates']} updates (load average {loadavg()})")
         t0 = time.time()
         cmd = train_command(args, s, data["bin"], run_dir)
         rc, cpu = run_logged(cmd, os.path.join(run_dir, "train.log"), args.threads)
@@ -209,14 +214,14 @@ def run_cell(args, demo, data, scheme, depth):
                      train_s=round(time.time() - t0, 1), train_cpu_s=cpu, load_end=loadavg(),
                      command=" ".join(shlex.quote(c) for c in cmd))
         write_json(train_done, train)
-        log(f"{scheme} L={depth}: {status}{' (' + reason + ')' if reason else ''}, "
+        log(f"{name}: {status}{' (' + reason + ')' if reason else ''}, "
             f"valid nll {stats['valid_nll_loss']}, {train['train_s']:.0f} s")
     result = dict(train, cell=os.path.basename(run_dir))
     result["scores"] = None
     if train["status"] == "ok" or (train["status"] == "diverged"
                                    and os.path.exists(os.path.join(run_dir, "checkpoint_last.pt"))):
         result["scores"] = translate_and_score(args, demo, data, s, run_dir)
-        log(f"{scheme} L={depth}: BLEU {result['scores'].get('bleu')} "
+        log(f"{name}: BLEU {result['scores'].get('bleu')} "
             f"({result['scores'].get('translate_s', 0):.0f} s to translate)")
     write_json(result_path, result)
     return result
@@ -334,33 +339,24 @@ def scheme_list(text):
     return values
 
 
-def build_parser():
-    p = argparse.ArgumentParser(
-        prog="depth_study.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train Post-LN, Pre-LN and ResiDual residual_transformer models at several depths "
-                    "for the same number of updates on the Ding de->en corpus (CPU); report valid loss, "
-                    "sacreBLEU and divergence as a Markdown table, JSON and a plot. Finished cells are "
-                    "skipped when run again.",
-        epilog="Default grid: 12 cells x 300 updates, about 115 CPU-minutes (about 1 hour on 2 idle "
-               "cores with the default --jobs 2 --threads 1). Larger grid, e.g.: depth_study.sh "
-               "--depths 6,12,24,48,96 --updates 2000 --warmup 400 --width 128 --jobs 8 on a bigger machine")
-    p.add_argument("--depths", type=int_list, default=[6, 12, 24, 48],
-                   help="layers per stack, comma-separated (default: 6,12,24,48)")
+def add_cell_arguments(p, out, updates=300, max_tokens=4096, warmup=60, bleu_sentences=300):
+    """The options of one cell (model, recipe, data, scoring, parallelism), shared with the claims study
+    (:mod:`.claims`); the keyword arguments are the caller's defaults."""
     p.add_argument("--schemes", type=scheme_list, default=list(SCHEMES),
-                   help=f"comma-separated residual schemes (default: {','.join(SCHEMES)})")
-    p.add_argument("--updates", type=int, default=300, help="updates per cell (default 300)")
+                   help=f"comma-separated residual schemes (default: every registered one, {','.join(SCHEMES)})")
+    p.add_argument("--updates", type=int, default=updates, help="updates per cell (default %(default)s)")
     p.add_argument("--width", type=int, default=64, help="model width (default 64)")
     p.add_argument("--ffn-dim", type=int, default=None, help="FFN width (default: 2 x width)")
     p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    p.add_argument("--warmup", type=int, default=60, help="inverse_sqrt warm-up updates (default 60)")
+    p.add_argument("--warmup", type=int, default=warmup,
+                   help="inverse_sqrt warm-up updates (default %(default)s)")
     p.add_argument("--clip-norm", type=float, default=0.0, help="gradient clipping (default 0: off)")
     p.add_argument("--dropout", type=float, default=0.1, help="dropout (default 0.1)")
-    p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch (default 4096)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--max-tokens", type=int, default=max_tokens, help="tokens per batch (default %(default)s)")
     p.add_argument("--vocab-size", type=int, default=4000, help="sentencepiece vocabulary (default 4000)")
-    p.add_argument("--bleu-sentences", type=int, default=300,
-                   help="translate the first N test sentences for BLEU (default 300)")
+    p.add_argument("--bleu-sentences", type=int, default=bleu_sentences,
+                   help="translate the first N test sentences for BLEU (default %(default)s)")
     p.add_argument("--beam", type=int, default=4, help="beam size for BLEU (default 4)")
     p.add_argument("--log-interval", type=int, default=25,
                    help="fairseq log and per-layer grad-norm interval, updates (default 25)")
@@ -371,12 +367,29 @@ def build_parser():
                         "choice). Narrow models gain little from a second thread and lose much when "
                         "the cores are shared")
     p.add_argument("--data", default=DEFAULT_DATA, help="corpus folder (default: data/ding-de-en)")
-    p.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: runs/depth_study)")
+    p.add_argument("--out", default=out, help="output folder (default: %(default)s)")
     p.add_argument("--user-dir", default=USER_DIR, help="the fairseq_residual plugin folder")
     p.add_argument("--extra-train-args", default="", help="more fairseq-train options (one string)")
     p.add_argument("--report-only", action="store_true",
-                   help="train nothing: rebuild results.md/json and the plot from finished cells")
+                   help="train nothing: rebuild the report and the plot from finished cells")
     p.add_argument("--dry-run", action="store_true", help="print the cells and their commands only")
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="depth_study.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train residual_transformer models of every registered scheme at several depths "
+                    "for the same number of updates on the Ding de->en corpus (CPU); report valid loss, "
+                    "sacreBLEU and divergence as a Markdown table, JSON and a plot. Finished cells are "
+                    "skipped when run again.",
+        epilog="Default grid: every registered scheme x 4 depths x 300 updates (measured with three schemes: "
+               "12 cells, about 115 CPU-minutes, about 1 hour on 2 idle cores with the default --jobs 2 "
+               "--threads 1; the cost grows with the number of schemes). Larger grid, e.g.: depth_study.sh "
+               "--depths 6,12,24,48,96 --updates 2000 --warmup 400 --width 128 --jobs 8 on a bigger machine")
+    p.add_argument("--depths", type=int_list, default=[6, 12, 24, 48],
+                   help="layers per stack, comma-separated (default: 6,12,24,48)")
+    p.add_argument("--seed", type=int, default=1)
+    add_cell_arguments(p, out=DEFAULT_OUT)
     return p
 
 
