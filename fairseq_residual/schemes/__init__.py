@@ -15,6 +15,7 @@ _SCHEME_MODULES = (
     "post_ln",
     "pre_ln",
     "deepnorm",
+    "admin",
     "dlcl",
     "resi_dual",
 )
