@@ -15,7 +15,9 @@ _SCHEME_MODULES = (
     "post_ln",
     "pre_ln",
     "deepnorm",
+    "admin",
     "t_fixup",
+    "dlcl",
     "b2t",
     "resi_dual",
 )
