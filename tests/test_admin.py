@@ -74,6 +74,7 @@ def log_probs(model, src, lengths, prev):
     return model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
 
 
+@pytest.mark.model
 def test_admin_matches_reference():
     d = make_dictionary()
     model, _, _ = build_model("residual_transformer_tiny", *FLAGS, dictionary=d)
@@ -105,6 +106,7 @@ def test_admin_matches_reference():
     assert (lp_one - lp)[tgt_keep].abs().max().item() > 1e-3
 
 
+@pytest.mark.model
 def test_profile_equals_reference_recursion(caplog):
     d = make_dictionary()
     model, _, _ = build_model("residual_transformer_tiny", *FLAGS, *NO_DROPOUT, dictionary=d)
@@ -147,6 +149,7 @@ def test_profile_equals_reference_recursion(caplog):
     assert torch.all(model.encoder.layers[0].attention_ratio_change == 7.0)
 
 
+@pytest.mark.model
 def test_profile_file_roundtrip_and_errors(tmp_path):
     d = make_dictionary()
     model, _, _ = build_model("residual_transformer_tiny", *FLAGS, *NO_DROPOUT, dictionary=d)
@@ -198,6 +201,7 @@ def test_profile_file_roundtrip_and_errors(tmp_path):
                     dictionary=d)
 
 
+@pytest.mark.model
 def test_fp16_without_profile_is_refused():
     with pytest.raises(ValueError, match="--fp16 keeps an fp32 copy"):
         build_model("residual_transformer_tiny", *FLAGS, "--fp16")

@@ -1,12 +1,11 @@
 """DLCL (pre-norm): exactness against a plain-PyTorch transcription of wangqiangneu/dlcl's computation,
-its initialisation, refused options, and fairseq-train / fairseq-generate through the CLI."""
-import re
+its initialisation and refused options (training and generation: the CLI matrix of tests/test_cli.py)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import USER_DIR, build_model, make_dictionary, random_batch, run_cli
+from conftest import build_model, make_dictionary, random_batch
 from test_exactness import ref_attention, ref_ffn, ref_ln
 
 TOL = 1e-5
@@ -74,6 +73,7 @@ def perturbed_model(d):
     return model
 
 
+@pytest.mark.model
 def test_dlcl_matches_reference():
     d = make_dictionary()
     model = perturbed_model(d)
@@ -100,6 +100,7 @@ def test_dlcl_matches_reference():
         assert (lp_shift - lp)[tgt_keep].abs().max().item() > 1e-3
 
 
+@pytest.mark.model
 def test_history_initialisation_and_names():
     d = make_dictionary()
     model, _, _ = build_model("residual_transformer_tiny", *FLAGS, dictionary=d)
@@ -128,34 +129,7 @@ def test_history_initialisation_and_names():
         assert torch.all(g.triu(1) == 0)  # entries above the diagonal are never read
 
 
+@pytest.mark.model
 def test_layerdrop_is_refused():
     with pytest.raises(ValueError, match="--encoder-layerdrop is not supported with --residual-scheme dlcl"):
         build_model("residual_transformer_tiny", *FLAGS, "--encoder-layerdrop", 0.1)
-
-
-TRAIN_FLAGS = [
-    "--optimizer", "adam", "--lr", "5e-3", "--criterion", "label_smoothed_cross_entropy",
-    "--label-smoothing", "0.1", "--max-tokens", "600", "--required-batch-size-multiple", "1",
-    "--log-format", "simple", "--log-interval", "1", "--no-epoch-checkpoints", "--seed", "3",
-    "--num-workers", "0", "--arch", "residual_transformer_tiny", "--residual-scheme", "dlcl",
-]
-
-
-def test_cli_train_and_generate(tiny_data_bin, tmp_path):
-    import fairseq_residual  # noqa: F401  (allow-lists fairseq's checkpoint globals)
-
-    raw, data_bin = tiny_data_bin
-    save = tmp_path / "ckpt"
-    log = run_cli(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save,
-                   "--max-update", 4, *TRAIN_FLAGS]).stdout
-    assert re.search(r"num_updates[= ]4\b", log)
-    state = torch.load(save / "checkpoint_last.pt", map_location="cpu")
-    assert int(state["model"]["encoder.residual_scheme_id"]) == 6
-    W = state["model"]["encoder.history.weight"]
-    assert W.shape == (3, 3) and not torch.equal(W, torch.ones(3, 3).tril() / torch.arange(1, 4).unsqueeze(1))
-    gen = run_cli(["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
-                   "--beam", "5", "--batch-size", "16", "--required-batch-size-multiple", "1",
-                   "--num-workers", "0"]).stdout
-    hyps = [line for line in gen.splitlines() if line.startswith("H-")]
-    assert len(hyps) == sum(1 for _ in open(raw / "test.src"))
-    assert re.search(r"Generate test with beam=5: BLEU4 = \d+\.\d+", gen)
