@@ -223,6 +223,121 @@ def test_score_bleu_refuses_dropped_sentences(tmp_path):
     assert d["score"] == pytest.approx(sacrebleu_direct(HYPS[:4] + [""], REFS).score, abs=1e-9)
 
 
+# ---- the newstest2010-2016 average (B2T protocol) on tiny local test sets ----------------------
+
+NEWSTEST = {  # year -> (tokenized hypotheses as fairseq-generate --remove-bpe prints them, raw refs)
+    2010: (["Das ist ein gutes Beispiel .", "Er sagte : &quot; Hallo ! &quot;"],
+           ["Das ist ein gutes Beispiel.", "Er sagte: \"Hallo Welt!\""]),
+    2011: (["Die Katze sitzt auf der Matte .", "Ein hoch @-@ modernes System ."],
+           ["Die Katze saß auf der Matte.", "Ein hoch-modernes System."]),
+    2012: (["Wir gehen nach Hause .", "Es ist spät ."], ["Wir gehen jetzt nach Hause.", "Es ist spät."]),
+    2013: (["Zwei Katzen .", "Drei Hunde und ein Pferd ."], ["Zwei Katzen.", "Drei Hunde, ein Pferd."]),
+    2014: (["Ein hochmodernes System für Fußgänger .", "Gutach : mehr Sicherheit"],
+           ["Ein hochmodernes System für Fußgänger.", "Gutach: Noch mehr Sicherheit für Fußgänger"]),
+    2015: (["Das Wetter ist heute gut .", "Morgen regnet es ."],
+           ["Das Wetter ist heute schön.", "Morgen regnet es."]),
+    2016: (["Die Regierung hat das Gesetz beschlossen .", "Niemand war da ."],
+           ["Die Regierung hat das Gesetz beschlossen.", "Keiner war da."]),
+}
+
+
+def newstest_files(tmp_path, years=NEWSTEST, skip_ref=()):
+    """Per-year generate output and a reference folder of raw newstestYYYY.de files."""
+    refs = tmp_path / "refs"
+    refs.mkdir(exist_ok=True)
+    gens = {}
+    for year, (hyps, raw) in years.items():
+        gens[year] = write_generate(tmp_path / f"gen-{year}.txt", hyps, ["tok ref"] * len(hyps))
+        if year not in skip_ref:
+            (refs / f"newstest{year}.de").write_text("\n".join(raw) + "\n", encoding="utf-8")
+    return gens, refs
+
+
+def test_newstest_average_is_the_mean_of_sacrebleu(tmp_path):
+    gens, refs = newstest_files(tmp_path)
+    metrics, per_year = score_bleu.newstest_average(gens, "de", ref_dir=str(refs))
+    md = MosesDetokenizer(lang="de")
+    direct = {}
+    for year, (hyps, raw) in NEWSTEST.items():
+        detok = [md.detokenize(h.split()) for h in hyps]
+        direct[year] = sacrebleu_direct(detok, raw)
+        got = per_year[f"newstest{year}"]
+        assert got["score"] == pytest.approx(direct[year].score, abs=1e-9), year
+        assert "tok:13a" in got["signature"] and "case:mixed" in got["signature"]
+        assert got["num_sentences"] == 2 and f"newstest{year}.de" in got["description"]
+    assert md.detokenize(NEWSTEST[2010][0][1].split()) == 'Er sagte: "Hallo!"'
+    assert md.detokenize(NEWSTEST[2011][0][1].split()) == "Ein hoch-modernes System."
+    scores = [d.score for d in direct.values()]
+    assert 5 < min(scores) and max(scores) < 100 and len(set(scores)) > 3  # partial matches
+    avg = metrics["sacrebleu_newstest2010_2016_avg"]
+    assert list(metrics) == ["sacrebleu_newstest2010_2016_avg"]
+    assert avg["score"] == pytest.approx(statistics.mean(scores), abs=1e-9)
+    assert avg["description"].startswith("sacreBLEU averaged over newstest2010-2016, B2T protocol")
+    assert avg["years"] == list(range(2010, 2017)) and "tok:13a" in avg["signature"]
+    # the averaged score is not the sacreBLEU of the concatenated years
+    concat = sacrebleu_direct([md.detokenize(h.split()) for y in NEWSTEST for h in NEWSTEST[y][0]],
+                              [r for y in NEWSTEST for r in NEWSTEST[y][1]])
+    assert avg["score"] != pytest.approx(concat.score, abs=1e-3)
+
+    # the same through score_bleu.py, beside the two newstest2014 scores, each labelled
+    out = tmp_path / "w.json"
+    res = score_bleu.main(["--benchmark", "wmt14", "--generate", str(gens[2014]), "--target-lang", "de",
+                           "--raw-ref", str(refs / "newstest2014.de"), "--newstest-refs", str(refs),
+                           "--newstest-generate", *[f"{y}={p}" for y, p in gens.items()],
+                           "--out", str(out)])
+    assert json.loads(out.read_text()) == res
+    assert list(res["metrics"]) == ["tokenized_bleu_compound_split", "sacrebleu",
+                                    "sacrebleu_newstest2010_2016_avg"]
+    assert res["primary_metric"] == "sacrebleu_newstest2010_2016_avg"
+    assert res["metrics"]["sacrebleu_newstest2010_2016_avg"]["score"] == pytest.approx(avg["score"], abs=1e-9)
+    assert res["metrics"]["sacrebleu"]["score"] == pytest.approx(direct[2014].score, abs=1e-9)
+    assert list(res["newstest_per_year"]) == [f"newstest{y}" for y in range(2010, 2017)]
+    for metric in res["metrics"].values():
+        assert metric["description"] and metric["signature"]
+
+
+def test_newstest_average_refuses_missing_years(tmp_path, monkeypatch):
+    gens, refs = newstest_files(tmp_path, skip_ref=(2012, 2016))
+    with pytest.raises(score_bleu.MissingReferenceError) as err:
+        score_bleu.newstest_average(gens, "de", ref_dir=str(refs))
+    msg = str(err.value)
+    for year, testset in ((2012, "wmt12"), (2016, "wmt16")):
+        assert f"newstest{year}: reference {refs / f'newstest{year}.de'} not found" in msg
+        assert f"sacrebleu -t {testset} -l en-de --echo ref > {refs / f'newstest{year}.de'}" in msg
+    assert "newstest2011" not in msg and "never taken over fewer" in msg
+    # a year without generate output
+    gens, refs = newstest_files(tmp_path)
+    del gens[2013]
+    with pytest.raises(score_bleu.GenerateOutputError, match="no generate output for newstest2013"):
+        score_bleu.newstest_average(gens, "de", ref_dir=str(refs))
+    # the script: one line naming the year
+    (tmp_path / "b").mkdir()
+    gens, refs = newstest_files(tmp_path / "b", skip_ref=(2015,))
+    proc = subprocess.run([sys.executable, SCRIPTS / "score_bleu.py", "--benchmark", "wmt14",
+                           "--generate", gens[2014], "--target-lang", "de",
+                           "--raw-ref", refs / "newstest2014.de", "--newstest-refs", refs,
+                           "--newstest-generate", *[f"{y}={p}" for y, p in gens.items()],
+                           "--out", tmp_path / "x.json"], env=cli_env(), capture_output=True, text=True)
+    assert proc.returncode != 0 and "newstest2015: reference" in proc.stderr
+    assert "sacrebleu -t wmt15 -l en-de --echo ref" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x.json").exists()
+    # no reference folder: sacreBLEU's own test sets (wmt14/full for 2014); offline, a clear error
+    from sacrebleu.dataset.base import Dataset
+
+    asked = []
+
+    def offline(self, langpair):
+        asked.append((self.name, langpair))
+        raise OSError("<urlopen error [Errno -3] Temporary failure in name resolution>")
+
+    monkeypatch.setattr(Dataset, "get_reference_files", offline)  # no network in tests
+    with pytest.raises(score_bleu.MissingReferenceError) as err:
+        score_bleu.newstest_average(gens, "de", ref_dir=None)
+    assert asked == [(f"wmt{y % 100}" if y != 2014 else "wmt14/full", "en-de") for y in range(2010, 2017)]
+    assert "newstest2016: no reference folder given and sacreBLEU could not get its test set wmt16" in str(err.value)
+    assert "sacrebleu -t wmt16 -l en-de --echo ref > newstest2016.de" in str(err.value)
+
+
 # ---- collect_results --------------------------------------------------------------------------
 
 def make_run(root, name, score=None, log="", checkpoint=True, metric="tokenized_bleu"):
