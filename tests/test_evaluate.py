@@ -107,6 +107,72 @@ def test_evaluate_wmt14_with_checkpoint_averaging(trained_run, tmp_path):
         assert metric["description"] and metric["signature"], name
 
 
+def test_evaluate_wmt14_newstest_average(trained_run, tmp_path):
+    """--newstest-average on the tiny model: its test set stands in for every newstest year (splits
+    named newstestYYYY as prepare-wmt14-en-de.sh --newstest-years writes them, 2014 = test). The
+    tiny model's hypotheses are 1-3 tokens, so every year's BLEU is 0 here: this checks the
+    decoding per year and the plumbing; test_newstest_average_is_the_mean_of_sacrebleu checks the
+    numbers on hypotheses that partly match."""
+    raw, data_bin, run_dir = trained_run
+    data = tmp_path / "data-bin"
+    data.mkdir()
+    for f in data_bin.iterdir():
+        (data / f.name).symlink_to(f)
+        if f.name.startswith("test."):
+            for y in (2010, 2011, 2012, 2013, 2015, 2016):
+                (data / f.name.replace("test.", f"newstest{y}.", 1)).symlink_to(f)
+    refs = tmp_path / "refs"
+    refs.mkdir()
+    raw_refs = (raw / "test.tgt").read_text().splitlines()
+    for y in range(2010, 2017):
+        shutil.copy(raw / "test.tgt", refs / f"newstest{y}.tgt")
+    out = tmp_path / "wmt.json"
+    run_script([EVALUATE, "--benchmark", "wmt14", "--run-dir", run_dir, "--data", data,
+                "--source-lang", "src", "--target-lang", "tgt", "--checkpoint", "last", "--cpu",
+                "--raw-ref", raw / "test.tgt", "--newstest-average", "--newstest-refs", refs,
+                "--out", out], timeout=400)
+    result = json.loads(out.read_text())
+    assert list(result["metrics"]) == ["tokenized_bleu_compound_split", "sacrebleu",
+                                       "sacrebleu_newstest2010_2016_avg"]
+    assert result["primary_metric"] == "sacrebleu_newstest2010_2016_avg"
+    gen_cfg = result["newstest_average_generation"]
+    assert gen_cfg["beam"] == 4 and gen_cfg["references"] == str(refs)
+    assert gen_cfg["lenpen"] == {f"newstest{y}": 0.6 if y == 2014 else 1.0 for y in range(2010, 2017)}
+    assert gen_cfg["subset"]["newstest2014"] == "test" and gen_cfg["subset"]["newstest2010"] == "newstest2010"
+    md = MosesDetokenizer(lang="tgt")
+    scores = []
+    for y in range(2010, 2017):
+        gen = run_dir / "eval" / ("generate-test.txt" if y == 2014 else f"generate-newstest{y}.txt")
+        got = result["newstest_per_year"][f"newstest{y}"]
+        assert got["generate"] == str(gen)
+        if y != 2014:  # the year's own split, decoded with beam 4 and lenpen 1.0
+            assert f"'gen_subset': 'newstest{y}'" in (gen.parent / (gen.name + ".log")).read_text()
+            assert "'lenpen': 1.0" in (gen.parent / (gen.name + ".log")).read_text()
+        hyps, _ = ordered_pairs(gen)
+        direct = sacrebleu_direct([md.detokenize(h.split()) for h in hyps], raw_refs)
+        assert got["score"] == pytest.approx(direct.score, abs=1e-9), y
+        scores.append(direct.score)
+    avg = result["metrics"]["sacrebleu_newstest2010_2016_avg"]
+    assert avg["score"] == pytest.approx(statistics.mean(scores), abs=1e-9)
+    # newstest2014 with beam 4 / lenpen 0.6 is the main test decoding: its sacreBLEU is the same
+    assert result["newstest_per_year"]["newstest2014"]["score"] == pytest.approx(
+        result["metrics"]["sacrebleu"]["score"], abs=1e-9)
+
+    # a year's reference or split missing: stopped before decoding, naming the year and the fix
+    args = [EVALUATE, "--benchmark", "wmt14", "--run-dir", run_dir, "--data", data, "--source-lang",
+            "src", "--target-lang", "tgt", "--checkpoint", "last", "--cpu", "--raw-ref", raw / "test.tgt",
+            "--newstest-average", "--newstest-refs", refs, "--out", tmp_path / "x.json"]
+    (refs / "newstest2016.tgt").unlink()
+    proc = run_script(args, check=False)
+    assert proc.returncode != 0 and f"newstest2016 reference {refs}/newstest2016.tgt not found" in proc.stdout
+    assert "sacrebleu -t wmt16 -l src-tgt --echo ref > newstest2016.tgt" in proc.stdout
+    (data / "newstest2012.src-tgt.src.idx").unlink()
+    proc = run_script(args, check=False)
+    assert proc.returncode != 0 and "no split 'newstest2012' (newstest2012)" in proc.stdout
+    assert "--newstest-years 2010-2016" in proc.stdout and "fairseq-generate ->" not in proc.stdout
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_average_checkpoints_is_the_mean(trained_run, tmp_path):
     _, _, run_dir = trained_run
     paths = average_checkpoints.last_n_checkpoints(run_dir, 2, "epoch")
