@@ -22,6 +22,8 @@ MAX_LEN_B=10
 BATCH_SIZE=128
 RAW_REF=""
 RAW_DIR=""
+NEWSTEST_AVERAGE=0
+NEWSTEST_REFS=""
 DIRECTIONS=""
 SRC_OPT=""
 TGT_OPT=""
@@ -42,7 +44,8 @@ Usage: scripts/evaluate.sh --benchmark {iwslt14,wmt14,opus100} --run-dir DIR --d
                 references, sacreBLEU --tokenize none --lowercase)
        wmt14    tokenized BLEU with compound splitting (##AT##-##AT##, as fairseq's
                 compound_split_bleu.sh) AND detokenized sacreBLEU (sacremoses detok vs the raw
-                newstest2014 reference), each labelled, with its signature
+                newstest2014 reference), each labelled, with its signature; with
+                --newstest-average also sacreBLEU per newstest2010..2016 and their mean
        opus100  sacreBLEU per direction vs the raw OPUS-100 references, and the averages over
                 en->xx and xx->en
 
@@ -62,6 +65,17 @@ Options:
   --batch-size N       sentences per batch (default: 128)
   --raw-ref FILE       wmt14: raw (detokenized) reference (default: DATA/../raw/newstest2014.de;
                        newstest2013.de for --subset test1)
+  --newstest-average   wmt14: also the B2T protocol (github.com/takase/b2t_connection): decode
+                       each of newstest2010..2016 separately with beam 4 and length penalty 0.6
+                       for newstest2014, 1.0 for the other years (whatever --beam / --lenpen say),
+                       Moses-detokenize, sacreBLEU against each year's raw reference; stores the
+                       per-year scores (newstest_per_year) and their unweighted mean
+                       (metric sacrebleu_newstest2010_2016_avg, then the primary metric) beside
+                       the two newstest2014 scores. Needs the splits newstestYYYY of
+                       scripts/prepare-wmt14-en-de.sh --newstest-years 2010-2016 (2014: test)
+  --newstest-refs DIR  with --newstest-average: folder of the raw references newstestYYYY.de
+                       (default: DATA/../raw, where the prepare script writes them), or
+                       'sacrebleu' for sacreBLEU's own test sets (needs the network unless cached)
   --raw-dir DIR        opus100: folder with the raw SUBSET.en-xx.{en,xx} text (default: DATA/../raw)
   --directions LIST    opus100: comma-separated SRC-TGT directions (default: every pair in
                        DATA/lang_pairs.txt whose test data exists)
@@ -99,6 +113,8 @@ while [[ $# -gt 0 ]]; do
         --batch-size) need_value "$@"; BATCH_SIZE="$2"; shift 2 ;;
         --raw-ref) need_value "$@"; RAW_REF="$2"; shift 2 ;;
         --raw-dir) need_value "$@"; RAW_DIR="$2"; shift 2 ;;
+        --newstest-average) NEWSTEST_AVERAGE=1; shift ;;
+        --newstest-refs) need_value "$@"; NEWSTEST_REFS="$2"; shift 2 ;;
         --directions) need_value "$@"; DIRECTIONS="$2"; shift 2 ;;
         --source-lang) need_value "$@"; SRC_OPT="$2"; shift 2 ;;
         --target-lang) need_value "$@"; TGT_OPT="$2"; shift 2 ;;
@@ -127,6 +143,16 @@ if [[ -n "$CHECKPOINT" && -z "$AVERAGE" ]]; then AVERAGE=0; fi
 AVERAGE="${AVERAGE:-$D_AVG}"
 CHECKPOINT="${CHECKPOINT:-$D_CKPT}"
 [[ "$AVERAGE" =~ ^[0-9]+$ ]] || die "--average must be a non-negative integer, got '$AVERAGE'"
+if [[ $NEWSTEST_AVERAGE == 1 ]]; then
+    [[ $BENCHMARK == wmt14 ]] || die "--newstest-average is for --benchmark wmt14"
+elif [[ -n "$NEWSTEST_REFS" ]]; then
+    die "--newstest-refs goes with --newstest-average"
+fi
+# B2T protocol: every year 2010..2016 (never fewer), beam 4, lenpen 0.6 for 2014 and 1.0 otherwise
+NEWSTEST_YEARS=(2010 2011 2012 2013 2014 2015 2016)
+NEWSTEST_BEAM=4
+newstest_lenpen() { if [[ $1 == 2014 ]]; then echo 0.6; else echo 1.0; fi; }
+newstest_subset() { if [[ $1 == 2014 ]]; then echo test; else echo "newstest$1"; fi; }
 
 PYTHON="${PYTHON:-python}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
@@ -137,6 +163,33 @@ DATA="$(cd "$DATA" && pwd)"
 EVAL_DIR="$RUN_DIR/eval"
 OUT="${OUT:-$EVAL_DIR/$SUBSET.json}"
 mkdir -p "$EVAL_DIR"
+
+NEWSTEST_JSON=null
+if [[ $NEWSTEST_AVERAGE == 1 ]]; then  # check every year's split and reference before decoding
+    NEWSTEST_REFS="${NEWSTEST_REFS:-$(dirname "$DATA")/raw}"
+    for y in "${NEWSTEST_YEARS[@]}"; do
+        sub="$(newstest_subset "$y")"
+        [[ -f "$DATA/$sub.$SRC-$TGT.$SRC.idx" ]] || die "--newstest-average: no split '$sub'" \
+            "(newstest$y) in $DATA: prepare it with scripts/prepare-wmt14-en-de.sh --newstest-years" \
+            "2010-2016 (the average is never taken over fewer years)"
+        if [[ $NEWSTEST_REFS != sacrebleu && ! -f "$NEWSTEST_REFS/newstest$y.$TGT" ]]; then
+            case $y in 2014) ts=wmt14/full ;; *) ts="wmt${y:2:2}" ;; esac
+            die "--newstest-average: newstest$y reference $NEWSTEST_REFS/newstest$y.$TGT not found;" \
+                "on an online machine run 'sacrebleu -t $ts -l $SRC-$TGT --echo ref >" \
+                "newstest$y.$TGT' and put it there (or pass --newstest-refs DIR|sacrebleu)"
+        fi
+    done
+    NEWSTEST_JSON="{\"protocol\": \"B2T (github.com/takase/b2t_connection)\", \"beam\": $NEWSTEST_BEAM"
+    NEWSTEST_JSON+=", \"lenpen\": {"
+    for y in "${NEWSTEST_YEARS[@]}"; do
+        NEWSTEST_JSON+="\"newstest$y\": $(newstest_lenpen "$y"), "
+    done
+    NEWSTEST_JSON="${NEWSTEST_JSON%, }}, \"subset\": {"
+    for y in "${NEWSTEST_YEARS[@]}"; do
+        NEWSTEST_JSON+="\"newstest$y\": \"$(newstest_subset "$y")\", "
+    done
+    NEWSTEST_JSON="${NEWSTEST_JSON%, }}}"
+fi
 
 # ---- 1. checkpoint ---------------------------------------------------------------------------
 AVERAGED_JSON=null
@@ -185,9 +238,12 @@ generate() {  # generate OUTFILE ARGS...: fairseq-generate, stdout to OUTFILE
 
 run_name="$(basename "$RUN_DIR")"
 META="$("$PYTHON" - "$BENCHMARK" "$RUN_DIR" "$run_name" "$CKPT" "$AVERAGED_JSON" "$SUBSET" \
-    "$BEAM" "$LENPEN" "$MAX_LEN_A" "$MAX_LEN_B" "$DATA" <<'EOF'
+    "$BEAM" "$LENPEN" "$MAX_LEN_A" "$MAX_LEN_B" "$DATA" "$NEWSTEST_JSON" "$NEWSTEST_REFS" <<'EOF'
 import json, re, sys
-bench, run_dir, name, ckpt, averaged, subset, beam, lenpen, a, b, data = sys.argv[1:]
+bench, run_dir, name, ckpt, averaged, subset, beam, lenpen, a, b, data, newstest, refs = sys.argv[1:]
+newstest = json.loads(newstest)
+if newstest:
+    newstest["references"] = refs
 m = re.match(r"^([a-z0-9_]+)-(\d+)L-seed(\d+)$", name)
 run = {"scheme": m.group(1), "layers": int(m.group(2)), "seed": int(m.group(3))} if m else None
 print(json.dumps({
@@ -196,6 +252,7 @@ print(json.dumps({
     "subset": subset,
     "generation": {"beam": int(beam), "lenpen": float(lenpen), "max_len_a": float(a),
                    "max_len_b": int(b), "required_batch_size_multiple": 1},
+    **({"newstest_average_generation": newstest} if newstest else {}),
 }))
 EOF
 )"
@@ -215,6 +272,21 @@ if [[ $BENCHMARK != opus100 ]]; then
         [[ -f "$RAW_REF" ]] || die "raw reference $RAW_REF not found: sacreBLEU needs the detokenized" \
             "reference (scripts/prepare-wmt14-en-de.sh writes OUT/raw/newstest2014.de); pass --raw-ref FILE"
         SCORE_ARGS+=(--raw-ref "$RAW_REF")
+    fi
+    if [[ $NEWSTEST_AVERAGE == 1 ]]; then
+        YEAR_GENS=()
+        for y in "${NEWSTEST_YEARS[@]}"; do
+            sub="$(newstest_subset "$y")"; lp="$(newstest_lenpen "$y")"
+            if [[ $sub == "$SUBSET" && $BEAM == "$NEWSTEST_BEAM" && $LENPEN == "$lp" ]]; then
+                YEAR_GENS+=("$y=$GEN")  # the main test split, decoded with the same settings
+                continue
+            fi
+            gen_y="$EVAL_DIR/generate-newstest$y.txt"
+            generate "$gen_y" --source-lang "$SRC" --target-lang "$TGT" --gen-subset "$sub" \
+                --beam "$NEWSTEST_BEAM" --lenpen "$lp"
+            YEAR_GENS+=("$y=$gen_y")
+        done
+        SCORE_ARGS+=(--newstest-refs "$NEWSTEST_REFS" --newstest-generate "${YEAR_GENS[@]}")
     fi
 else
     for f in langs lang_pairs; do

@@ -17,6 +17,8 @@ BPE_SIZE=40000
 WORKERS="$(nproc 2>/dev/null || echo 1)"
 NC_VERSION=9
 NEWSTEST2013=0
+NEWSTEST_YEARS=""
+NEWSTEST_DIR=""
 OFFLINE=()
 
 usage() {
@@ -52,6 +54,15 @@ Options:
   --nc-version 9|12  news-commentary release (default: $NC_VERSION, as the WMT14 / ICML17 data)
   --newstest2013     also prepare newstest2013 (from dev.tgz) as the extra test split 'test1'
                      (tokenized like the test set; raw text in OUT/raw/)
+  --newstest-years Y also prepare these newstest years (e.g. 2010-2016, or 2012,2015) as extra
+                     test splits named newstestYYYY (tokenized and BPE-encoded like the test set,
+                     binarized with the training dictionary; raw text in OUT/raw/newstestYYYY.{en,de})
+                     for scripts/evaluate.sh --newstest-average (sacreBLEU averaged over
+                     newstest2010-2016, the B2T protocol). 2014 is the main split 'test' (from
+                     test-full.tgz, the same 3003 sentences as sacreBLEU's wmt14/full). Off by default
+  --newstest-dir DIR folder with the raw (plain text, one segment per line) newstestYYYY.en and
+                     newstestYYYY.de of each year; without it the text comes from sacreBLEU's test
+                     sets (sacrebleu -t wmtYY -l en-de --echo src / --echo ref) when online
   --offline          never try to download; stop when an archive is missing (also PREP_OFFLINE=1)
   -h, --help         show this help
 
@@ -74,6 +85,8 @@ while [[ $# -gt 0 ]]; do
         --workers) need_value "$@"; WORKERS="$2"; shift 2 ;;
         --nc-version) need_value "$@"; NC_VERSION="$2"; shift 2 ;;
         --newstest2013) NEWSTEST2013=1; shift ;;
+        --newstest-years) need_value "$@"; NEWSTEST_YEARS="$2"; shift 2 ;;
+        --newstest-dir) need_value "$@"; NEWSTEST_DIR="$2"; shift 2 ;;
         --offline) OFFLINE=(--offline); shift ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
@@ -85,6 +98,26 @@ case "$NC_VERSION" in
     12) NC_URL="http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz" ;;
     *) die "--nc-version must be 9 or 12, got '$NC_VERSION'" ;;
 esac
+
+# --newstest-years: 2010-2016 or a comma-separated list; 2014 is the main test split
+YEARS=()
+if [[ -n "$NEWSTEST_YEARS" ]]; then
+    for part in ${NEWSTEST_YEARS//,/ }; do
+        if [[ "$part" =~ ^(20[0-9][0-9])-(20[0-9][0-9])$ ]] && (( BASH_REMATCH[1] <= BASH_REMATCH[2] )); then
+            for ((y = BASH_REMATCH[1]; y <= BASH_REMATCH[2]; y++)); do YEARS+=("$y"); done
+        elif [[ "$part" =~ ^20[0-9][0-9]$ ]]; then YEARS+=("$part")
+        else die "--newstest-years takes years like 2010-2016 or 2012,2015, got '$NEWSTEST_YEARS'"; fi
+    done
+fi
+EXTRA_YEARS=()  # the years prepared as splits newstestYYYY (all but 2014)
+for y in "${YEARS[@]+"${YEARS[@]}"}"; do
+    (( y >= 2008 && y <= 2020 )) || die "--newstest-years: no WMT En-De newstest for $y here (2008-2020)"
+    [[ $y == 2014 || " ${EXTRA_YEARS[*]+"${EXTRA_YEARS[*]}"} " == *" $y "* ]] || EXTRA_YEARS+=("$y")
+done
+if [[ -n "$NEWSTEST_DIR" ]]; then
+    [[ ${#YEARS[@]} -gt 0 ]] || die "--newstest-dir is used with --newstest-years"
+    [[ -d "$NEWSTEST_DIR" ]] || die "--newstest-dir '$NEWSTEST_DIR' is not a directory"
+fi
 
 # archive name | URL | corpus path inside the archive (without the .en/.de suffix)
 CORPORA=(
@@ -124,9 +157,49 @@ for entry in "${CORPORA[@]}"; do
 done
 prep fetch --archives "$ARCHIVES" --name "$TEST_ARCHIVE" --url "$TEST_URL" --dest "$ORIG" \
     --require "$TEST_SGM_SRC" --require "$TEST_SGM_REF" "${OFFLINE[@]}"
+is_offline() { [[ ${#OFFLINE[@]} -gt 0 || "${PREP_OFFLINE:-}" != "" && "${PREP_OFFLINE:-}" != 0 ]]; }
+for y in "${EXTRA_YEARS[@]+"${EXTRA_YEARS[@]}"}"; do
+    # raw newstestYYYY.{en,de}: from --newstest-dir, else sacreBLEU's test set wmtYY (online)
+    testset="wmt${y:2:2}"
+    how="on an online machine: sacrebleu -t $testset -l $SRC-$TGT --echo src > newstest$y.$SRC;"
+    how+=" sacrebleu -t $testset -l $SRC-$TGT --echo ref > newstest$y.$TGT; then pass the folder"
+    how+=" holding them as --newstest-dir"
+    if [[ -n "$NEWSTEST_DIR" ]]; then
+        for l in $SRC $TGT; do
+            [[ -s "$NEWSTEST_DIR/newstest$y.$l" ]] || die "newstest$y: $NEWSTEST_DIR/newstest$y.$l" \
+                "not found (or empty); --newstest-years needs every year's newstestYYYY.$SRC and" \
+                ".$TGT. To get it, $how"
+            cp "$NEWSTEST_DIR/newstest$y.$l" "$RAW/newstest$y.$l"
+        done
+    elif is_offline; then
+        die "newstest$y: offline and no --newstest-dir: --newstest-years needs the raw" \
+            "newstest$y.$SRC and newstest$y.$TGT. To get them, $how"
+    else
+        log "  newstest$y from sacreBLEU ($testset $SRC-$TGT)"
+        for l in $SRC $TGT; do
+            side=src; [[ $l == "$TGT" ]] && side=ref
+            "$PYTHON" -m sacrebleu -t "$testset" -l "$SRC-$TGT" --echo "$side" > "$RAW/newstest$y.$l.part" \
+                && [[ -s "$RAW/newstest$y.$l.part" ]] \
+                || die "newstest$y: sacreBLEU could not give $testset $SRC-$TGT --echo $side (offline?)." \
+                    "Get the raw text $how"
+            mv "$RAW/newstest$y.$l.part" "$RAW/newstest$y.$l"
+        done
+    fi
+    n_src=$(wc -l < "$RAW/newstest$y.$SRC"); n_tgt=$(wc -l < "$RAW/newstest$y.$TGT")
+    [[ $n_src == "$n_tgt" ]] || die "newstest$y: newstest$y.$SRC has $n_src lines but" \
+        "newstest$y.$TGT has $n_tgt (not the same test set?)"
+    log "  newstest$y: $n_src segments -> $RAW/newstest$y.{$SRC,$TGT}"
+done
 if [[ $NEWSTEST2013 == 1 ]]; then
     prep fetch --archives "$ARCHIVES" --name "$DEV_ARCHIVE" --url "$DEV_URL" --dest "$ORIG" \
         --require dev/newstest2013.$SRC --require dev/newstest2013.$TGT "${OFFLINE[@]}"
+    if [[ " ${EXTRA_YEARS[*]+"${EXTRA_YEARS[*]}"} " == *" 2013 "* ]]; then
+        for l in $SRC $TGT; do  # both write OUT/raw/newstest2013.*: the same text or neither
+            cmp -s "$ORIG/dev/newstest2013.$l" "$RAW/newstest2013.$l" || die "newstest2013.$l of" \
+                "$DEV_ARCHIVE differs from the one taken for --newstest-years; use one of" \
+                "--newstest2013 and --newstest-years"
+        done
+    fi
 fi
 
 log "step 2/7: train data (normalize punctuation, remove non-printing, tokenize -a)"
@@ -159,6 +232,10 @@ for l in $SRC $TGT; do
         prep tokenize --lang "$l" --fix-apostrophe --aggressive \
             -i "$ORIG/dev/newstest2013.$l" -o "$TMP/test1.$l"
     fi
+    for y in "${EXTRA_YEARS[@]+"${EXTRA_YEARS[@]}"}"; do
+        prep tokenize --lang "$l" --fix-apostrophe --aggressive \
+            -i "$RAW/newstest$y.$l" -o "$TMP/newstest$y.$l"
+    done
 done
 
 log "step 4/7: valid = every 100th train line"
@@ -169,6 +246,7 @@ done
 
 TEST_SPLITS=(test)
 [[ $NEWSTEST2013 == 1 ]] && TEST_SPLITS+=(test1)
+for y in "${EXTRA_YEARS[@]+"${EXTRA_YEARS[@]}"}"; do TEST_SPLITS+=("newstest$y"); done
 log "step 5/7: joint BPE, $BPE_SIZE merges (subword-nmt)"
 cat "$TMP/train.$SRC" "$TMP/train.$TGT" > "$TMP/train.$TGT-$SRC"
 "$PYTHON" -m subword_nmt.learn_bpe -s "$BPE_SIZE" --num-workers "$WORKERS" -i "$TMP/train.$TGT-$SRC" -o "$OUT/code"
@@ -190,9 +268,20 @@ done
 log "step 7/7: fairseq-preprocess --joined-dictionary -> $BIN"
 TESTPREF="$OUT/test"
 [[ $NEWSTEST2013 == 1 ]] && TESTPREF="$OUT/test,$OUT/test1"
+for y in "${EXTRA_YEARS[@]+"${EXTRA_YEARS[@]}"}"; do TESTPREF+=",$OUT/newstest$y"; done
 fairseq-preprocess --source-lang $SRC --target-lang $TGT \
     --trainpref "$OUT/train" --validpref "$OUT/valid" --testpref "$TESTPREF" \
     --destdir "$BIN" --joined-dictionary --thresholdtgt 0 --thresholdsrc 0 --workers "$WORKERS"
+# fairseq-preprocess names the extra test prefixes test1, test2, ...: the years get their names
+k=$NEWSTEST2013
+for y in "${EXTRA_YEARS[@]+"${EXTRA_YEARS[@]}"}"; do
+    k=$((k + 1))
+    for l in $SRC $TGT; do
+        for ext in bin idx; do
+            mv -f "$BIN/test$k.$SRC-$TGT.$l.$ext" "$BIN/newstest$y.$SRC-$TGT.$l.$ext"
+        done
+    done
+done
 cp "$OUT/code" "$BIN/code"
 
 for split in train valid "${TEST_SPLITS[@]}"; do
@@ -200,3 +289,6 @@ for split in train valid "${TEST_SPLITS[@]}"; do
 done
 log "done: binarized data in $BIN; detokenized newstest2014 for sacreBLEU:" \
     "$RAW/newstest2014.$SRC (source), $RAW/newstest2014.$TGT (reference)"
+if [[ ${#YEARS[@]} -gt 0 ]]; then
+    log "newstest years ${YEARS[*]}: splits newstestYYYY in $BIN (2014: test), raw text in $RAW"
+fi

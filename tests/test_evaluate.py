@@ -107,6 +107,72 @@ def test_evaluate_wmt14_with_checkpoint_averaging(trained_run, tmp_path):
         assert metric["description"] and metric["signature"], name
 
 
+def test_evaluate_wmt14_newstest_average(trained_run, tmp_path):
+    """--newstest-average on the tiny model: its test set stands in for every newstest year (splits
+    named newstestYYYY as prepare-wmt14-en-de.sh --newstest-years writes them, 2014 = test). The
+    tiny model's hypotheses are 1-3 tokens, so every year's BLEU is 0 here: this checks the
+    decoding per year and the plumbing; test_newstest_average_is_the_mean_of_sacrebleu checks the
+    numbers on hypotheses that partly match."""
+    raw, data_bin, run_dir = trained_run
+    data = tmp_path / "data-bin"
+    data.mkdir()
+    for f in data_bin.iterdir():
+        (data / f.name).symlink_to(f)
+        if f.name.startswith("test."):
+            for y in (2010, 2011, 2012, 2013, 2015, 2016):
+                (data / f.name.replace("test.", f"newstest{y}.", 1)).symlink_to(f)
+    refs = tmp_path / "refs"
+    refs.mkdir()
+    raw_refs = (raw / "test.tgt").read_text().splitlines()
+    for y in range(2010, 2017):
+        shutil.copy(raw / "test.tgt", refs / f"newstest{y}.tgt")
+    out = tmp_path / "wmt.json"
+    run_script([EVALUATE, "--benchmark", "wmt14", "--run-dir", run_dir, "--data", data,
+                "--source-lang", "src", "--target-lang", "tgt", "--checkpoint", "last", "--cpu",
+                "--raw-ref", raw / "test.tgt", "--newstest-average", "--newstest-refs", refs,
+                "--out", out], timeout=400)
+    result = json.loads(out.read_text())
+    assert list(result["metrics"]) == ["tokenized_bleu_compound_split", "sacrebleu",
+                                       "sacrebleu_newstest2010_2016_avg"]
+    assert result["primary_metric"] == "sacrebleu_newstest2010_2016_avg"
+    gen_cfg = result["newstest_average_generation"]
+    assert gen_cfg["beam"] == 4 and gen_cfg["references"] == str(refs)
+    assert gen_cfg["lenpen"] == {f"newstest{y}": 0.6 if y == 2014 else 1.0 for y in range(2010, 2017)}
+    assert gen_cfg["subset"]["newstest2014"] == "test" and gen_cfg["subset"]["newstest2010"] == "newstest2010"
+    md = MosesDetokenizer(lang="tgt")
+    scores = []
+    for y in range(2010, 2017):
+        gen = run_dir / "eval" / ("generate-test.txt" if y == 2014 else f"generate-newstest{y}.txt")
+        got = result["newstest_per_year"][f"newstest{y}"]
+        assert got["generate"] == str(gen)
+        if y != 2014:  # the year's own split, decoded with beam 4 and lenpen 1.0
+            assert f"'gen_subset': 'newstest{y}'" in (gen.parent / (gen.name + ".log")).read_text()
+            assert "'lenpen': 1.0" in (gen.parent / (gen.name + ".log")).read_text()
+        hyps, _ = ordered_pairs(gen)
+        direct = sacrebleu_direct([md.detokenize(h.split()) for h in hyps], raw_refs)
+        assert got["score"] == pytest.approx(direct.score, abs=1e-9), y
+        scores.append(direct.score)
+    avg = result["metrics"]["sacrebleu_newstest2010_2016_avg"]
+    assert avg["score"] == pytest.approx(statistics.mean(scores), abs=1e-9)
+    # newstest2014 with beam 4 / lenpen 0.6 is the main test decoding: its sacreBLEU is the same
+    assert result["newstest_per_year"]["newstest2014"]["score"] == pytest.approx(
+        result["metrics"]["sacrebleu"]["score"], abs=1e-9)
+
+    # a year's reference or split missing: stopped before decoding, naming the year and the fix
+    args = [EVALUATE, "--benchmark", "wmt14", "--run-dir", run_dir, "--data", data, "--source-lang",
+            "src", "--target-lang", "tgt", "--checkpoint", "last", "--cpu", "--raw-ref", raw / "test.tgt",
+            "--newstest-average", "--newstest-refs", refs, "--out", tmp_path / "x.json"]
+    (refs / "newstest2016.tgt").unlink()
+    proc = run_script(args, check=False)
+    assert proc.returncode != 0 and f"newstest2016 reference {refs}/newstest2016.tgt not found" in proc.stdout
+    assert "sacrebleu -t wmt16 -l src-tgt --echo ref > newstest2016.tgt" in proc.stdout
+    (data / "newstest2012.src-tgt.src.idx").unlink()
+    proc = run_script(args, check=False)
+    assert proc.returncode != 0 and "no split 'newstest2012' (newstest2012)" in proc.stdout
+    assert "--newstest-years 2010-2016" in proc.stdout and "fairseq-generate ->" not in proc.stdout
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_average_checkpoints_is_the_mean(trained_run, tmp_path):
     _, _, run_dir = trained_run
     paths = average_checkpoints.last_n_checkpoints(run_dir, 2, "epoch")
@@ -221,6 +287,121 @@ def test_score_bleu_refuses_dropped_sentences(tmp_path):
     d = res["per_direction"]["de-en"]
     assert d["missing"] == 1 and d["num_sentences"] == 5
     assert d["score"] == pytest.approx(sacrebleu_direct(HYPS[:4] + [""], REFS).score, abs=1e-9)
+
+
+# ---- the newstest2010-2016 average (B2T protocol) on tiny local test sets ----------------------
+
+NEWSTEST = {  # year -> (tokenized hypotheses as fairseq-generate --remove-bpe prints them, raw refs)
+    2010: (["Das ist ein gutes Beispiel .", "Er sagte : &quot; Hallo ! &quot;"],
+           ["Das ist ein gutes Beispiel.", "Er sagte: \"Hallo Welt!\""]),
+    2011: (["Die Katze sitzt auf der Matte .", "Ein hoch @-@ modernes System ."],
+           ["Die Katze saß auf der Matte.", "Ein hoch-modernes System."]),
+    2012: (["Wir gehen nach Hause .", "Es ist spät ."], ["Wir gehen jetzt nach Hause.", "Es ist spät."]),
+    2013: (["Zwei Katzen .", "Drei Hunde und ein Pferd ."], ["Zwei Katzen.", "Drei Hunde, ein Pferd."]),
+    2014: (["Ein hochmodernes System für Fußgänger .", "Gutach : mehr Sicherheit"],
+           ["Ein hochmodernes System für Fußgänger.", "Gutach: Noch mehr Sicherheit für Fußgänger"]),
+    2015: (["Das Wetter ist heute gut .", "Morgen regnet es ."],
+           ["Das Wetter ist heute schön.", "Morgen regnet es."]),
+    2016: (["Die Regierung hat das Gesetz beschlossen .", "Niemand war da ."],
+           ["Die Regierung hat das Gesetz beschlossen.", "Keiner war da."]),
+}
+
+
+def newstest_files(tmp_path, years=NEWSTEST, skip_ref=()):
+    """Per-year generate output and a reference folder of raw newstestYYYY.de files."""
+    refs = tmp_path / "refs"
+    refs.mkdir(exist_ok=True)
+    gens = {}
+    for year, (hyps, raw) in years.items():
+        gens[year] = write_generate(tmp_path / f"gen-{year}.txt", hyps, ["tok ref"] * len(hyps))
+        if year not in skip_ref:
+            (refs / f"newstest{year}.de").write_text("\n".join(raw) + "\n", encoding="utf-8")
+    return gens, refs
+
+
+def test_newstest_average_is_the_mean_of_sacrebleu(tmp_path):
+    gens, refs = newstest_files(tmp_path)
+    metrics, per_year = score_bleu.newstest_average(gens, "de", ref_dir=str(refs))
+    md = MosesDetokenizer(lang="de")
+    direct = {}
+    for year, (hyps, raw) in NEWSTEST.items():
+        detok = [md.detokenize(h.split()) for h in hyps]
+        direct[year] = sacrebleu_direct(detok, raw)
+        got = per_year[f"newstest{year}"]
+        assert got["score"] == pytest.approx(direct[year].score, abs=1e-9), year
+        assert "tok:13a" in got["signature"] and "case:mixed" in got["signature"]
+        assert got["num_sentences"] == 2 and f"newstest{year}.de" in got["description"]
+    assert md.detokenize(NEWSTEST[2010][0][1].split()) == 'Er sagte: "Hallo!"'
+    assert md.detokenize(NEWSTEST[2011][0][1].split()) == "Ein hoch-modernes System."
+    scores = [d.score for d in direct.values()]
+    assert 5 < min(scores) and max(scores) < 100 and len(set(scores)) > 3  # partial matches
+    avg = metrics["sacrebleu_newstest2010_2016_avg"]
+    assert list(metrics) == ["sacrebleu_newstest2010_2016_avg"]
+    assert avg["score"] == pytest.approx(statistics.mean(scores), abs=1e-9)
+    assert avg["description"].startswith("sacreBLEU averaged over newstest2010-2016, B2T protocol")
+    assert avg["years"] == list(range(2010, 2017)) and "tok:13a" in avg["signature"]
+    # the averaged score is not the sacreBLEU of the concatenated years
+    concat = sacrebleu_direct([md.detokenize(h.split()) for y in NEWSTEST for h in NEWSTEST[y][0]],
+                              [r for y in NEWSTEST for r in NEWSTEST[y][1]])
+    assert avg["score"] != pytest.approx(concat.score, abs=1e-3)
+
+    # the same through score_bleu.py, beside the two newstest2014 scores, each labelled
+    out = tmp_path / "w.json"
+    res = score_bleu.main(["--benchmark", "wmt14", "--generate", str(gens[2014]), "--target-lang", "de",
+                           "--raw-ref", str(refs / "newstest2014.de"), "--newstest-refs", str(refs),
+                           "--newstest-generate", *[f"{y}={p}" for y, p in gens.items()],
+                           "--out", str(out)])
+    assert json.loads(out.read_text()) == res
+    assert list(res["metrics"]) == ["tokenized_bleu_compound_split", "sacrebleu",
+                                    "sacrebleu_newstest2010_2016_avg"]
+    assert res["primary_metric"] == "sacrebleu_newstest2010_2016_avg"
+    assert res["metrics"]["sacrebleu_newstest2010_2016_avg"]["score"] == pytest.approx(avg["score"], abs=1e-9)
+    assert res["metrics"]["sacrebleu"]["score"] == pytest.approx(direct[2014].score, abs=1e-9)
+    assert list(res["newstest_per_year"]) == [f"newstest{y}" for y in range(2010, 2017)]
+    for metric in res["metrics"].values():
+        assert metric["description"] and metric["signature"]
+
+
+def test_newstest_average_refuses_missing_years(tmp_path, monkeypatch):
+    gens, refs = newstest_files(tmp_path, skip_ref=(2012, 2016))
+    with pytest.raises(score_bleu.MissingReferenceError) as err:
+        score_bleu.newstest_average(gens, "de", ref_dir=str(refs))
+    msg = str(err.value)
+    for year, testset in ((2012, "wmt12"), (2016, "wmt16")):
+        assert f"newstest{year}: reference {refs / f'newstest{year}.de'} not found" in msg
+        assert f"sacrebleu -t {testset} -l en-de --echo ref > {refs / f'newstest{year}.de'}" in msg
+    assert "newstest2011" not in msg and "never taken over fewer" in msg
+    # a year without generate output
+    gens, refs = newstest_files(tmp_path)
+    del gens[2013]
+    with pytest.raises(score_bleu.GenerateOutputError, match="no generate output for newstest2013"):
+        score_bleu.newstest_average(gens, "de", ref_dir=str(refs))
+    # the script: one line naming the year
+    (tmp_path / "b").mkdir()
+    gens, refs = newstest_files(tmp_path / "b", skip_ref=(2015,))
+    proc = subprocess.run([sys.executable, SCRIPTS / "score_bleu.py", "--benchmark", "wmt14",
+                           "--generate", gens[2014], "--target-lang", "de",
+                           "--raw-ref", refs / "newstest2014.de", "--newstest-refs", refs,
+                           "--newstest-generate", *[f"{y}={p}" for y, p in gens.items()],
+                           "--out", tmp_path / "x.json"], env=cli_env(), capture_output=True, text=True)
+    assert proc.returncode != 0 and "newstest2015: reference" in proc.stderr
+    assert "sacrebleu -t wmt15 -l en-de --echo ref" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x.json").exists()
+    # no reference folder: sacreBLEU's own test sets (wmt14/full for 2014); offline, a clear error
+    from sacrebleu.dataset.base import Dataset
+
+    asked = []
+
+    def offline(self, langpair):
+        asked.append((self.name, langpair))
+        raise OSError("<urlopen error [Errno -3] Temporary failure in name resolution>")
+
+    monkeypatch.setattr(Dataset, "get_reference_files", offline)  # no network in tests
+    with pytest.raises(score_bleu.MissingReferenceError) as err:
+        score_bleu.newstest_average(gens, "de", ref_dir=None)
+    assert asked == [(f"wmt{y % 100}" if y != 2014 else "wmt14/full", "en-de") for y in range(2010, 2017)]
+    assert "newstest2016: no reference folder given and sacreBLEU could not get its test set wmt16" in str(err.value)
+    assert "sacrebleu -t wmt16 -l en-de --echo ref > newstest2016.de" in str(err.value)
 
 
 # ---- collect_results --------------------------------------------------------------------------

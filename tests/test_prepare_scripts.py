@@ -331,6 +331,23 @@ WMT_DEV = [("The well-known rule\u2019s fine.", "Die bekannte Regel ist gut."),
            ("Two cats.", "Zwei Katzen.")]
 
 
+def newstest_dir(folder, years=(2010, 2011, 2012, 2013, 2015, 2016), skip=()):
+    """Raw newstestYYYY.{en,de} as `sacrebleu -t wmtYY -l en-de --echo src/ref` writes them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    texts = {}
+    for y in years:
+        en = [f"News of {y}: the state-of-the-art rule\u2019s fine.", f"Year {y} ended."]
+        de = [f"Nachrichten von {y}: die hochmoderne Regel ist gut.", f"Das Jahr {y} endete."]
+        if y == 2013:  # the plain-text newstest2013 of dev.tgz
+            en, de = [e for e, _ in WMT_DEV], [d for _, d in WMT_DEV]
+        texts[y] = (en, de)
+        for lang, text in (("en", en), ("de", de)):
+            if (y, lang) not in skip:
+                (folder / f"newstest{y}.{lang}").write_text("".join(t + "\n" for t in text))
+    (folder / "newstest2014.de").write_text("decoy: 2014 is the test split of test-full.tgz\n")
+    return texts
+
+
 def wmt_archives(archives, skip=()):
     special = {
         # in commoncrawl: German punctuation to normalise, a zero-width space to remove,
@@ -379,9 +396,11 @@ def wmt_archives(archives, skip=()):
 
 def test_wmt14_end_to_end(tmp_path, run_script):
     wmt_archives(tmp_path / "archives")
+    years = newstest_dir(tmp_path / "newstest")
     out, bin_dir = tmp_path / "wmt", tmp_path / "wmt" / "data-bin"
     log = run_script("prepare-wmt14-en-de.sh", "--archives", tmp_path / "archives", "--out", out,
-                     "--bpe-size", 80, "--newstest2013")
+                     "--bpe-size", 80, "--newstest2013", "--newstest-years", "2010-2016",
+                     "--newstest-dir", tmp_path / "newstest")
     assert "step 7/7" in log and "done" in log
 
     # 250 tokenized pairs: lines 100 and 200 -> valid; 248 train minus the over-long and the
@@ -416,6 +435,49 @@ def test_wmt14_end_to_end(tmp_path, run_script):
     # --newstest2013: extra test split 'test1', tokenized like newstest2014, raw text kept
     assert debpe(out / "test1.en") == ["The well @-@ known rule &apos;s fine .", "Two cats ."]
     assert lines(out / "raw" / "newstest2013.en") == [e for e, _ in WMT_DEV]
+
+    # --newstest-years 2010-2016: each year but 2014 (the test split) as a split newstestYYYY,
+    # tokenized like the test set, binarized with the training dictionary; raw text in OUT/raw/
+    for y, (en, de) in years.items():
+        assert lines(out / "raw" / f"newstest{y}.de") == de and lines(out / "raw" / f"newstest{y}.en") == en
+        assert debpe(out / f"newstest{y}.en")[0] == (
+            "The well @-@ known rule &apos;s fine ." if y == 2013 else
+            f"News of {y} : the state @-@ of @-@ the @-@ art rule &apos;s fine .")
+        for lang in ("en", "de"):
+            assert idx_len(bin_dir / f"newstest{y}.en-de.{lang}") == 2
+    assert lines(out / "raw" / "newstest2014.de") == [d for _, d in WMT_TEST]  # not the decoy
+    assert not (bin_dir / "newstest2014.en-de.en.idx").exists()
+    assert sorted(p.name for p in bin_dir.glob("test*.en-de.en.idx")) == ["test.en-de.en.idx", "test1.en-de.en.idx"]
+    from fairseq.data import Dictionary, data_utils
+
+    d = Dictionary.load(str(bin_dir / "dict.de.txt"))
+    data = data_utils.load_indexed_dataset(str(bin_dir / "newstest2016.en-de.de"), d)
+    assert d.string(data[1], "@@ ") == "Das Jahr 2016 endete ."
+
+
+def test_wmt14_newstest_year_missing(tmp_path, run_script):
+    wmt_archives(tmp_path / "archives")
+    newstest_dir(tmp_path / "newstest", skip={(2015, "de")})
+    log = run_script("prepare-wmt14-en-de.sh", "--archives", tmp_path / "archives", "--out",
+                     tmp_path / "out", "--newstest-years", "2010-2016", "--newstest-dir",
+                     tmp_path / "newstest", expect_ok=False)
+    assert f"newstest2015: {tmp_path / 'newstest'}/newstest2015.de not found" in log
+    assert "sacrebleu -t wmt15 -l en-de --echo ref > newstest2015.de" in log
+    assert "step 2/7" not in log  # stopped before any work
+    # offline without a folder: the same advice
+    log = run_script("prepare-wmt14-en-de.sh", "--archives", tmp_path / "archives", "--out",
+                     tmp_path / "out", "--newstest-years", "2016", expect_ok=False)
+    assert "newstest2016: offline and no --newstest-dir" in log
+    assert "sacrebleu -t wmt16 -l en-de --echo src > newstest2016.en" in log
+    # --newstest2013 and 2013 from the folder must be the same text
+    (tmp_path / "newstest" / "newstest2013.de").write_text("Etwas anderes.\nNoch etwas.\n")
+    log = run_script("prepare-wmt14-en-de.sh", "--archives", tmp_path / "archives", "--out",
+                     tmp_path / "out", "--newstest-years", "2013", "--newstest2013", "--newstest-dir",
+                     tmp_path / "newstest", expect_ok=False)
+    assert "newstest2013.de of dev.tgz differs from the one taken for --newstest-years" in log
+    log = run_script("prepare-wmt14-en-de.sh", "--out", tmp_path / "out", "--newstest-years", "2010-20",
+                     expect_ok=False)
+    assert "--newstest-years takes years like 2010-2016" in log
 
 
 def test_wmt14_missing_archive(tmp_path, run_script):

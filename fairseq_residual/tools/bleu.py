@@ -14,6 +14,12 @@ its sacreBLEU signature and a description of what was scored:
   (case-sensitive, ``--tokenize none``); and ``sacrebleu``: detokenized sacreBLEU (13a, mixed
   case) of the hypotheses detokenized with sacremoses' Moses detokenizer against the raw
   newstest2014 reference text (never against the tokenized references).
+  With ``--newstest-generate`` also ``sacrebleu_newstest2010_2016_avg``: the B2T protocol
+  (github.com/takase/b2t_connection, README): each of newstest2010..2016 decoded separately,
+  detokenized the same way and scored with sacreBLEU against that year's official reference
+  (sacreBLEU's ``wmt14/full`` for 2014, ``wmt10`` .. ``wmt16`` otherwise, or plain-text copies of
+  them in a local directory), reported per year (``newstest_per_year``) and as the unweighted mean
+  of the seven years (:func:`newstest_average`).
 * ``opus100`` -- sacreBLEU per direction (hypotheses already decoded by
   ``--remove-bpe sentencepiece``) against the raw OPUS-100 test references, tokenizer ``13a`` except
   ``zh`` for a Chinese target; ``sacrebleu_en_xx_avg`` / ``sacrebleu_xx_en_avg`` are the unweighted
@@ -23,6 +29,13 @@ Usage (one direction / one generate file)::
 
     python scripts/score_bleu.py --benchmark wmt14 --generate gen.txt --target-lang de \\
         --raw-ref wmt14/raw/newstest2014.de --expect 3003 --out result.json
+
+WMT14 with the newstest2010-2016 average (one generate file per year; references from a folder of
+``newstestYYYY.de`` files, or ``sacrebleu`` to take sacreBLEU's own test sets when online)::
+
+    python scripts/score_bleu.py --benchmark wmt14 --generate gen-test.txt --target-lang de \\
+        --raw-ref wmt14/raw/newstest2014.de --newstest-refs wmt14/raw \\
+        --newstest-generate 2010=gen-2010.txt 2011=gen-2011.txt ... 2016=gen-2016.txt --out result.json
 """
 import argparse
 import json
@@ -44,8 +57,23 @@ COMPOUND = re.compile(r"(\S)-(\S)")
 OPUS_TOKENIZE = {"zh": "zh"}
 
 
+#: newstest years of the B2T protocol (github.com/takase/b2t_connection): sacreBLEU per year and
+#: the unweighted mean of the seven
+NEWSTEST_YEARS = tuple(range(2010, 2017))
+#: sacreBLEU test set holding each year's official reference; 2014 is wmt14/full, the 3003-sentence
+#: newstest2014 of test-full.tgz (B2T: ``sacrebleu -t wmt14/full -l en-de``), not wmt14's filtered
+#: 2737-sentence version
+SACREBLEU_TESTSET = {2010: "wmt10", 2011: "wmt11", 2012: "wmt12", 2013: "wmt13",
+                     2014: "wmt14/full", 2015: "wmt15", 2016: "wmt16"}
+
+
 class GenerateOutputError(ValueError):
     """fairseq-generate output that cannot be scored (missing or dropped sentences)."""
+
+
+class MissingReferenceError(FileNotFoundError):
+    """A newstest year whose reference is neither in the reference folder nor available from
+    sacreBLEU."""
 
 
 def read_lines(path):
@@ -173,6 +201,138 @@ def score_bilingual(benchmark, generate, target_lang, raw_ref=None, expect=None)
     return out
 
 
+def newstest_metric_name(years):
+    """``sacrebleu_newstest2010_2016_avg`` for 2010..2016 (a contiguous range of years)."""
+    years = sorted(years)
+    if not years or years != list(range(years[0], years[-1] + 1)):
+        raise ValueError(f"newstest years must be a contiguous range, got {years}")
+    return f"sacrebleu_newstest{years[0]}_{years[-1]}_avg"
+
+
+def _how_to_get(year, source_lang, target_lang, path):
+    testset = SACREBLEU_TESTSET.get(year, f"wmt{year % 100}")
+    return (f"on an online machine run `sacrebleu -t {testset} -l {source_lang}-{target_lang} "
+            f"--echo ref > {path}` (or scripts/prepare-wmt14-en-de.sh --newstest-years "
+            f"{NEWSTEST_YEARS[0]}-{NEWSTEST_YEARS[-1]}, which writes OUT/raw/newstestYYYY."
+            f"{target_lang})")
+
+
+def sacrebleu_reference(year, source_lang="en", target_lang="de"):
+    """The reference lines of newstest``year`` from sacreBLEU's own test set (downloaded into
+    ``~/.sacrebleu`` by sacreBLEU when not cached; needs the network then).
+
+    Returns:
+        (lines, description of the source)
+    """
+    from sacrebleu import DATASETS
+
+    testset = SACREBLEU_TESTSET.get(year)
+    langpair = f"{source_lang}-{target_lang}"
+    if testset not in DATASETS or langpair not in DATASETS[testset].langpairs:
+        raise MissingReferenceError(f"newstest{year}: sacreBLEU has no {langpair} test set for it")
+    try:
+        files = DATASETS[testset].get_reference_files(langpair)
+    except Exception as e:  # noqa: BLE001 (offline: urllib errors, sacreBLEU's own)
+        raise MissingReferenceError(
+            f"newstest{year}: no reference folder given and sacreBLEU could not get its test set "
+            f"{testset} {langpair} ({type(e).__name__}: {e}). Offline, pass a folder holding "
+            f"newstest{year}.{target_lang}: " + _how_to_get(year, source_lang, target_lang,
+                                                              f"newstest{year}.{target_lang}")
+        ) from e
+    return read_lines(files[0]), f"sacreBLEU -t {testset} -l {langpair}"
+
+
+def newstest_reference(year, ref_dir=None, source_lang="en", target_lang="de"):
+    """Reference lines of newstest``year``: ``ref_dir/newstestYYYY.<target_lang>`` (plain text, one
+    segment per line), or sacreBLEU's test set when ``ref_dir`` is None.
+
+    Returns:
+        (lines, description of the source)
+
+    Raises:
+        MissingReferenceError: the file is not in ``ref_dir`` (naming the year, the file and how
+            to get it), or, without ``ref_dir``, sacreBLEU cannot provide it (offline).
+    """
+    if ref_dir is None:
+        return sacrebleu_reference(year, source_lang, target_lang)
+    path = os.path.join(ref_dir, f"newstest{year}.{target_lang}")
+    if not os.path.isfile(path):
+        raise MissingReferenceError(
+            f"newstest{year}: reference {path} not found; the newstest average needs every year "
+            f"{NEWSTEST_YEARS[0]}-{NEWSTEST_YEARS[-1]} and is never taken over fewer. To get it, "
+            + _how_to_get(year, source_lang, target_lang, path)
+        )
+    return read_lines(path), path
+
+
+def newstest_average(generate, target_lang="de", source_lang="en", ref_dir=None,
+                     years=NEWSTEST_YEARS, reference=newstest_reference):
+    """sacreBLEU per newstest year and their unweighted mean (the B2T protocol).
+
+    Each year's ``H-`` hypotheses (fairseq-generate ``--remove-bpe`` output) are Moses-detokenized
+    with sacremoses (as for the ``sacrebleu`` metric) and scored with sacreBLEU (13a, mixed case)
+    against that year's raw official reference.
+
+    Args:
+        generate: {year (int): fairseq-generate output file}; every year of ``years`` is needed.
+        ref_dir: folder of plain-text references ``newstestYYYY.<target_lang>``; None: sacreBLEU's
+            own test sets (wmt10 .. wmt16, wmt14/full for 2014; needs the network unless cached).
+        years: the years to average (default 2010..2016).
+        reference: ``(year, ref_dir, source_lang, target_lang) -> (lines, source)``.
+
+    Returns:
+        (metrics, per_year): ``{"sacrebleu_newstest2010_2016_avg": {...}}`` and
+        ``{"newstest2010": {score, signature, description, ...}, ...}``.
+
+    Raises:
+        GenerateOutputError: a year without generate output, or output not matching its test set.
+        MissingReferenceError: references of one or more years not found (all of them named).
+    """
+    years = sorted(int(y) for y in years)
+    name = newstest_metric_name(years)
+    generate = {int(y): path for y, path in generate.items()}
+    no_gen = [y for y in years if y not in generate]
+    if no_gen:
+        raise GenerateOutputError(
+            f"{name}: no generate output for " + ", ".join(f"newstest{y}" for y in no_gen)
+            + "; the average is never taken over fewer years"
+        )
+    extra = sorted(set(generate) - set(years))
+    if extra:
+        raise GenerateOutputError(f"{name}: generate output for years outside {years}: {extra}")
+    refs, errors = {}, []
+    for y in years:  # every reference first: one error naming every missing year
+        try:
+            refs[y] = reference(y, ref_dir, source_lang, target_lang)
+        except MissingReferenceError as e:
+            errors.append(str(e))
+    if errors:
+        raise MissingReferenceError("\n".join(errors))
+    per_year = {}
+    for y in years:
+        raw, source = refs[y]
+        gen = read_generate(generate[y])
+        hyps, _, _ = ordered(gen, len(raw), generate[y])
+        res = detok_sacrebleu(detokenize(hyps, target_lang), raw)
+        res["description"] = (f"detokenized sacreBLEU of newstest{y} (sacremoses detok) against "
+                              f"its official reference ({source})")
+        res["num_sentences"] = len(raw)
+        res["generate"] = generate[y]
+        per_year[f"newstest{y}"] = res
+    scores = [v["score"] for v in per_year.values()]
+    signatures = sorted({v["signature"] for v in per_year.values()})
+    metrics = {name: {
+        "score": sum(scores) / len(scores),
+        "signature": f"unweighted mean over {len(years)} years of sacreBLEU {' / '.join(signatures)}",
+        "description": (f"sacreBLEU averaged over newstest{years[0]}-{years[-1]}, B2T protocol "
+                        f"(github.com/takase/b2t_connection: each year decoded separately, Moses "
+                        f"detokenized, sacreBLEU against the official reference; per year in "
+                        f"newstest_per_year)"),
+        "years": years,
+    }}
+    return metrics, per_year
+
+
 def score_direction(generate, src, tgt, raw_ref=None, expect=None):
     """sacreBLEU of one OPUS-100 direction; raw reference text when given, else the T- lines."""
     gen = read_generate(generate)
@@ -226,6 +386,14 @@ def main(argv=None):
     parser.add_argument("--directions", nargs="*", help="opus100: SRC-TGT per --generate file")
     parser.add_argument("--expect", type=int, nargs="*", default=None,
                         help="number of test sentences (per --generate file)")
+    parser.add_argument("--newstest-generate", nargs="+", default=None, metavar="YEAR=FILE",
+                        help="wmt14: fairseq-generate output of each newstest year (2010..2016, "
+                        "e.g. 2010=gen-newstest2010.txt): adds sacreBLEU per year and its average "
+                        "over the years (B2T protocol), which becomes the primary metric")
+    parser.add_argument("--newstest-refs", default=None, metavar="DIR|sacrebleu",
+                        help="with --newstest-generate: folder of the raw references "
+                        "newstestYYYY.<target-lang>, or 'sacrebleu' for sacreBLEU's own test "
+                        "sets (needs the network unless cached)")
     parser.add_argument("--meta", default=None, help="JSON object merged into the output")
     parser.add_argument("--out", required=True, help="result JSON")
     args = parser.parse_args(argv)
@@ -238,6 +406,24 @@ def main(argv=None):
             parser.error(f"{args.benchmark}: one --generate file")
         raw = args.raw_ref[0] if args.raw_ref else None
         result = score_bilingual(args.benchmark, args.generate[0], args.target_lang, raw, expect[0])
+        if args.newstest_generate:
+            if args.benchmark != "wmt14":
+                parser.error("--newstest-generate is for wmt14")
+            if not args.newstest_refs:
+                parser.error("--newstest-generate needs --newstest-refs DIR (or 'sacrebleu')")
+            gens = {}
+            for item in args.newstest_generate:
+                year, sep, path = item.partition("=")
+                year = year.removeprefix("newstest")
+                if not sep or not year.isdigit() or not path:
+                    parser.error(f"--newstest-generate takes YEAR=FILE, got '{item}'")
+                gens[int(year)] = path
+            refs = None if args.newstest_refs == "sacrebleu" else args.newstest_refs
+            metrics, per_year = newstest_average(gens, args.target_lang or "de",
+                                                 ref_dir=refs)
+            result["metrics"].update(metrics)
+            result["newstest_per_year"] = per_year
+            result["primary_metric"] = next(iter(metrics))
     else:
         dirs = args.directions or []
         if len(dirs) != len(args.generate):
