@@ -6,7 +6,8 @@ Load it with ``--user-dir fairseq_residual`` (fairseq-train, -generate, -interac
 registry), ``config`` (options), ``layers`` (sub-layers shared by the schemes' layers),
 ``encoder_decoder`` (stacks), ``model`` (registration and presets), ``checkpoint_compat`` (loading
 fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving and resuming), ``tasks`` (the ``translation_with_grad_norms`` task).
-``analyze`` (the ``fairseq-residual-analyze`` command) registers nothing: not imported here.
+``analyze`` (the ``fairseq-residual-analyze`` command) and ``tools`` (the study tooling behind
+``scripts/``) register nothing: not imported here.
 ``registration_guard`` refuses a second copy of the plugin in one process.
 """
 from .registration_guard import check_single_copy
