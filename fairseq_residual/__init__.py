@@ -5,9 +5,10 @@ Load it with ``--user-dir fairseq_residual`` (fairseq-train, -generate, -interac
 ``--arch`` presets. One module per concern: ``schemes`` (one module per residual scheme behind one
 registry), ``config`` (options), ``layers`` (sub-layers shared by the schemes' layers),
 ``encoder_decoder`` (stacks), ``model`` (registration and presets), ``checkpoint_compat`` (loading
-fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving and resuming), ``tasks`` (the ``translation_with_grad_norms`` task), ``lr_scheduler``
-(``inverse_sqrt_nowarmup``, T-Fixup's schedule).
-``analyze`` (the ``fairseq-residual-analyze`` command) registers nothing: not imported here.
+fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving and resuming), ``tasks`` (the
+``translation_with_grad_norms`` task), ``lr_scheduler`` (``inverse_sqrt_nowarmup``, T-Fixup's schedule).
+``analyze`` (the ``fairseq-residual-analyze`` command) and ``tools`` (the study tooling behind
+``scripts/``) register nothing: not imported here.
 ``registration_guard`` refuses a second copy of the plugin in one process.
 """
 from .registration_guard import check_single_copy

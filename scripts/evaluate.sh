@@ -5,8 +5,8 @@
 set -euo pipefail
 
 NAME=evaluate
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(dirname "$SCRIPT_DIR")"
+LOG_TO_STDERR=1  # stdout is not used for data, but the log always went to stderr here
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # SCRIPT_DIR, REPO, log, die, need_value, tools
 USER_DIR="${FAIRSEQ_RESIDUAL_USER_DIR:-$REPO/fairseq_residual}"
 
 BENCHMARK=""
@@ -92,10 +92,6 @@ lenpen 0.6 as in Vaswani et al. / Ott et al. 2018; OPUS-100: beam 4, lenpen 0.6 
 al. 2020). They are stored in the JSON.
 EOF
 }
-
-log() { echo "[$NAME] $*" >&2; }
-die() { echo "[$NAME] ERROR: $*" >&2; exit 2; }
-need_value() { [[ $# -ge 2 && -n "$2" ]] || die "option $1 needs a value (see --help)"; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -192,7 +188,7 @@ if [[ $NEWSTEST_AVERAGE == 1 ]]; then  # check every year's split and reference 
 fi
 
 # ---- 1. checkpoint ---------------------------------------------------------------------------
-AVERAGED_JSON=null
+AVERAGE_LOG=""
 if (( AVERAGE > 0 )); then
     CKPT="$EVAL_DIR/checkpoint_avg_last$AVERAGE.pt"
     log "averaging the last $AVERAGE checkpoints of $RUN_DIR"
@@ -200,8 +196,7 @@ if (( AVERAGE > 0 )); then
         --output "$CKPT" --user-dir "$USER_DIR" > "$EVAL_DIR/average.log" \
         || die "checkpoint averaging failed"
     cat "$EVAL_DIR/average.log" >&2
-    AVERAGED_JSON="$(grep '^  ' "$EVAL_DIR/average.log" | "$PYTHON" -c \
-        'import json,sys; print(json.dumps([l.strip() for l in sys.stdin]))')"
+    AVERAGE_LOG="$EVAL_DIR/average.log"
 else
     case "$CHECKPOINT" in
         best|last) CKPT="$RUN_DIR/checkpoint_$CHECKPOINT.pt" ;;
@@ -210,18 +205,8 @@ else
 fi
 [[ -f "$CKPT" ]] || die "checkpoint $CKPT not found (did training finish? see $RUN_DIR/train.log)"
 
-count_sentences() {  # count_sentences PREFIX: sentences in a binarized split (empty if unknown)
-    "$PYTHON" - "$1" <<'EOF' 2>/dev/null
-import struct, sys
-prefix = sys.argv[1]
-with open(prefix + ".idx", "rb") as f:
-    head = f.read(26)
-if head[:9] == b"MMIDIDX\x00\x00":  # fairseq's mmap index: magic, version <Q, dtype <B, count <Q
-    print(struct.unpack("<Q", head[18:26])[0])
-else:
-    from fairseq.data import data_utils
-    print(len(data_utils.load_indexed_dataset(prefix, None)))
-EOF
+count_sentences() {  # count_sentences PREFIX...: sentences of each binarized split, one line each
+    tools count-sentences "$@" 2>/dev/null || true
 }
 
 GEN_COMMON=(--user-dir "$USER_DIR" --path "$CKPT" --gen-subset "$SUBSET"
@@ -237,25 +222,9 @@ generate() {  # generate OUTFILE ARGS...: fairseq-generate, stdout to OUTFILE
 }
 
 run_name="$(basename "$RUN_DIR")"
-META="$("$PYTHON" - "$BENCHMARK" "$RUN_DIR" "$run_name" "$CKPT" "$AVERAGED_JSON" "$SUBSET" \
-    "$BEAM" "$LENPEN" "$MAX_LEN_A" "$MAX_LEN_B" "$DATA" "$NEWSTEST_JSON" "$NEWSTEST_REFS" <<'EOF'
-import json, re, sys
-bench, run_dir, name, ckpt, averaged, subset, beam, lenpen, a, b, data, newstest, refs = sys.argv[1:]
-newstest = json.loads(newstest)
-if newstest:
-    newstest["references"] = refs
-m = re.match(r"^([a-z0-9_]+)-(\d+)L-seed(\d+)$", name)
-run = {"scheme": m.group(1), "layers": int(m.group(2)), "seed": int(m.group(3))} if m else None
-print(json.dumps({
-    "benchmark": bench, "run_dir": run_dir, "run": run, "data": data,
-    "checkpoint": {"path": ckpt, "averaged": json.loads(averaged)},
-    "subset": subset,
-    "generation": {"beam": int(beam), "lenpen": float(lenpen), "max_len_a": float(a),
-                   "max_len_b": int(b), "required_batch_size_multiple": 1},
-    **({"newstest_average_generation": newstest} if newstest else {}),
-}))
-EOF
-)"
+META="$(tools eval-meta "$BENCHMARK" "$RUN_DIR" "$run_name" "$CKPT" "$AVERAGE_LOG" "$SUBSET" \
+    "$BEAM" "$LENPEN" "$MAX_LEN_A" "$MAX_LEN_B" "$DATA" "$NEWSTEST_JSON" "${NEWSTEST_REFS:-}")" \
+    || die "cannot write the evaluation's metadata"
 
 # ---- 2 + 3. generate and score -----------------------------------------------------------------
 if [[ $BENCHMARK != opus100 ]]; then
@@ -296,7 +265,7 @@ else
     PAIRS="$(tr -d ' \n' < "$DATA/lang_pairs.txt")"
     RAW_DIR="${RAW_DIR:-$(dirname "$DATA")/raw}"
     DIRECTIONS="${DIRECTIONS:-$PAIRS}"
-    GEN_FILES=(); DIRS=(); RAWS=(); EXPECTS=()
+    GEN_FILES=(); DIRS=(); RAWS=(); PREFIXES=()
     for d in ${DIRECTIONS//,/ }; do
         s="${d%-*}"; t="${d#*-}"
         [[ "$d" == *-* && -n "$s" && -n "$t" && "$s" != "$t" ]] || die "bad direction '$d' (SRC-TGT)"
@@ -313,9 +282,10 @@ else
         raw="$RAW_DIR/$SUBSET.$pair.$t"
         if [[ -f "$raw" ]]; then RAWS+=("$raw"); else
             log "WARNING: no raw reference $raw: scoring against the T- lines"; RAWS+=(-); fi
-        EXPECTS+=("$(count_sentences "$DATA/$SUBSET.$pair.$first")")
+        PREFIXES+=("$DATA/$SUBSET.$pair.$first")
     done
     (( ${#DIRS[@]} > 0 )) || die "no direction to evaluate"
+    mapfile -t EXPECTS < <(count_sentences "${PREFIXES[@]}")
     SCORE_ARGS=(--benchmark opus100 --generate "${GEN_FILES[@]}" --directions "${DIRS[@]}"
                 --raw-ref "${RAWS[@]}")
     [[ " ${EXPECTS[*]} " == *"  "* ]] || SCORE_ARGS+=(--expect "${EXPECTS[@]}")

@@ -134,36 +134,6 @@ done
 # =============================================================================================
 # summary
 # =============================================================================================
-"$PY" - "$OUT" $DTYPES <<'EOF' | tee "$OUT/summary.txt"
-import json, os, sys
-out, dtypes = sys.argv[1], sys.argv[2:]
-print("== summary: ratio to the matching stock transformer (paired median); goal; A/A noise")
-misses = []
-for dtype in dtypes:
-    path = os.path.join(out, f"bench_{dtype}.json")
-    if not os.path.exists(path):
-        print(f"{dtype:<5} no results")
-        misses.append(f"{dtype}: no results")
-        continue
-    res = json.load(open(path))
-    if not res["meta"].get("complete"):
-        print(f"{dtype:<5} INCOMPLETE run: only {', '.join(res['shapes'])}")
-    for shape, r in res["shapes"].items():
-        noise = r["aa_noise"]
-        for name, goals in r["goals"].items():
-            parts = []
-            for metric, g in goals.items():
-                if g["value"] is None:
-                    parts.append(f"{metric} n/a")
-                    continue
-                parts.append(f"{metric} {g['value']:.3f}{'' if g['met'] else ' MISSED'}")
-                if not g["met"]:
-                    misses.append(f"{dtype} {shape} {name} {metric} {g['value']:.3f} "
-                                  f"(goal {g['comparison']} {g['target']})")
-            print(f"{dtype:<5} {shape:<7} {name:<10} " + "  ".join(parts))
-        print(f"{dtype:<5} {shape:<7} A/A noise: train +-{noise['train'] or 0:.3f}  "
-              f"generate +-{noise['generate'] or 0:.3f}")
-print("goals: post_ln/pre_ln train >= 0.99, resi_dual train >= 0.97, memory <= 1.05, generate >= 0.97")
-print("ALL GOALS MET" if not misses else "MISSED:\n  " + "\n  ".join(misses))
-EOF
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m fairseq_residual.tools.shell speed-summary "$OUT" $DTYPES \
+    | tee "$OUT/summary.txt"
 exit "$failed"

@@ -4,8 +4,8 @@
 set -euo pipefail
 
 NAME=prepare-iwslt14
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PREP="$(dirname "$SCRIPT_DIR")/fairseq_residual/tools/corpus.py"  # standard library only: fast
+LOG_TIME=1
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # log, die, need_value, prepare_tools, prep
 URL="http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
 ARCHIVE=de-en.tgz
 SRC=de
@@ -54,9 +54,6 @@ Result (full data): 160,239 train / 7,283 valid / 6,750 test sentence pairs.
 EOF
 }
 
-log() { echo "[$NAME] $(date +%H:%M:%S) $*"; }
-die() { echo "[$NAME] ERROR: $*" >&2; exit 2; }
-need_value() { [[ $# -ge 2 && -n "$2" ]] || die "option $1 needs a value (see --help)"; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -70,16 +67,10 @@ while [[ $# -gt 0 ]]; do
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
-[[ "$BPE_SIZE" =~ ^[1-9][0-9]*$ ]] || die "--bpe-size must be a positive integer, got '$BPE_SIZE'"
-[[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || die "--workers must be a positive integer, got '$WORKERS'"
+need_positive_int --bpe-size "$BPE_SIZE"
+need_positive_int --workers "$WORKERS"
 
-PYTHON="${PYTHON:-python}"
-command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
-command -v "$PYTHON" >/dev/null 2>&1 || die "no 'python' on PATH"
-command -v fairseq-preprocess >/dev/null 2>&1 \
-    || die "'fairseq-preprocess' not on PATH (activate the environment where fairseq is installed)"
-prep() { "$PYTHON" "$PREP" "$@"; }
-prep check-deps sacremoses subword_nmt regex
+prepare_tools sacremoses subword_nmt regex  # PYTHON, fairseq-preprocess, prep (scripts/lib.sh)
 
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"

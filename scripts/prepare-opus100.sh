@@ -5,8 +5,8 @@
 set -euo pipefail
 
 NAME=prepare-opus100
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PREP="$(dirname "$SCRIPT_DIR")/fairseq_residual/tools/corpus.py"  # standard library only: fast
+LOG_TIME=1
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # log, die, need_value, prepare_tools, prep
 ARCHIVE=opus-100-corpus-v1.0.tar.gz
 URL="https://object.pouta.csc.fi/OPUS-100/v1.0/opus-100-corpus-v1.0.tar.gz"
 INNER=opus-100-corpus/v1.0/supervised
@@ -64,9 +64,6 @@ Tools: python (with sentencepiece) and fairseq-preprocess are taken from PATH
 EOF
 }
 
-log() { echo "[$NAME] $(date +%H:%M:%S) $*"; }
-die() { echo "[$NAME] ERROR: $*" >&2; exit 2; }
-need_value() { [[ $# -ge 2 && -n "$2" ]] || die "option $1 needs a value (see --help)"; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -85,18 +82,12 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 for opt in VOCAB_SIZE SPM_SAMPLE WORKERS; do
-    [[ "${!opt}" =~ ^[1-9][0-9]*$ ]] || die "$opt must be a positive integer, got '${!opt}'"
+    need_positive_int "$opt" "${!opt}"
 done
 [[ "$SPM_TYPE" == unigram || "$SPM_TYPE" == bpe ]] \
     || die "--spm-model-type must be unigram or bpe, got '$SPM_TYPE'"
 
-PYTHON="${PYTHON:-python}"
-command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
-command -v "$PYTHON" >/dev/null 2>&1 || die "no 'python' on PATH"
-command -v fairseq-preprocess >/dev/null 2>&1 \
-    || die "'fairseq-preprocess' not on PATH (activate the environment where fairseq is installed)"
-prep() { "$PYTHON" "$PREP" "$@"; }
-prep check-deps sentencepiece
+prepare_tools sentencepiece  # PYTHON, fairseq-preprocess, prep (scripts/lib.sh)
 
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"

@@ -5,8 +5,8 @@
 set -euo pipefail
 
 NAME=prepare-wmt14-en-de
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PREP="$(dirname "$SCRIPT_DIR")/fairseq_residual/tools/corpus.py"  # standard library only: fast
+LOG_TIME=1
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # log, die, need_value, prepare_tools, prep
 SRC=en
 TGT=de
 
@@ -71,9 +71,6 @@ Tools: python (with sacremoses and subword-nmt) and fairseq-preprocess are taken
 EOF
 }
 
-log() { echo "[$NAME] $(date +%H:%M:%S) $*"; }
-die() { echo "[$NAME] ERROR: $*" >&2; exit 2; }
-need_value() { [[ $# -ge 2 && -n "$2" ]] || die "option $1 needs a value (see --help)"; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -91,8 +88,8 @@ while [[ $# -gt 0 ]]; do
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
-[[ "$BPE_SIZE" =~ ^[1-9][0-9]*$ ]] || die "--bpe-size must be a positive integer, got '$BPE_SIZE'"
-[[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || die "--workers must be a positive integer, got '$WORKERS'"
+need_positive_int --bpe-size "$BPE_SIZE"
+need_positive_int --workers "$WORKERS"
 case "$NC_VERSION" in
     9) NC_URL="http://statmt.org/wmt14/training-parallel-nc-v9.tgz" ;;
     12) NC_URL="http://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz" ;;
@@ -132,13 +129,7 @@ TEST_SGM_REF=test-full/newstest2014-deen-ref.$TGT.sgm
 DEV_ARCHIVE=dev.tgz
 DEV_URL="http://data.statmt.org/wmt17/translation-task/dev.tgz"
 
-PYTHON="${PYTHON:-python}"
-command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
-command -v "$PYTHON" >/dev/null 2>&1 || die "no 'python' on PATH"
-command -v fairseq-preprocess >/dev/null 2>&1 \
-    || die "'fairseq-preprocess' not on PATH (activate the environment where fairseq is installed)"
-prep() { "$PYTHON" "$PREP" "$@"; }
-prep check-deps sacremoses subword_nmt regex
+prepare_tools sacremoses subword_nmt regex  # PYTHON, fairseq-preprocess, prep (scripts/lib.sh)
 
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"

@@ -5,8 +5,7 @@
 set -euo pipefail
 
 NAME=train
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(dirname "$SCRIPT_DIR")"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # SCRIPT_DIR, REPO, log, warn, die, need_value, tools
 CONFIG_DIR="$REPO/configs"
 USER_DIR="${FAIRSEQ_RESIDUAL_USER_DIR:-$REPO/fairseq_residual}"
 
@@ -83,11 +82,6 @@ and refuses GPU counts that do not divide it (lower --max-tokens, or force --upd
 EOF
 }
 
-log() { echo "[$NAME] $*"; }
-warn() { echo "[$NAME] WARNING: $*" >&2; }
-die() { echo "[$NAME] ERROR: $*" >&2; exit 2; }
-need_value() { [[ $# -ge 2 && -n "$2" ]] || die "option $1 needs a value (see --help)"; }
-
 quote_arg() {  # one argument, single-quoted when the shell would otherwise change it
     if [[ "$1" =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then
         printf '%s' "$1"
@@ -130,25 +124,29 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-# ---- benchmark table (hydra_config/*.yaml of github.com/microsoft/ResiDual) ---------------
+# ---- benchmark: its config; tokens per update, precision and depth are read from it ----------
 case "$BENCHMARK" in
-    iwslt14) CONFIG=iwslt14_de_en; TOTAL_TOKENS=4096;  DEFAULT_PRECISION=fp32; DEFAULT_DEPTH=6 ;;
-    wmt14)   CONFIG=wmt14_en_de;   TOTAL_TOKENS=65536; DEFAULT_PRECISION=amp;  DEFAULT_DEPTH=6 ;;
-    opus100) CONFIG=opus100;       TOTAL_TOKENS=65536; DEFAULT_PRECISION=fp16; DEFAULT_DEPTH=18 ;;
+    iwslt14) CONFIG=iwslt14_de_en ;;
+    wmt14)   CONFIG=wmt14_en_de ;;
+    opus100) CONFIG=opus100 ;;
     "") die "--benchmark is required: iwslt14, wmt14 or opus100" ;;
     *) die "unknown --benchmark '$BENCHMARK': choose iwslt14, wmt14 or opus100" ;;
 esac
-DEPTHS="${DEPTHS:-$DEFAULT_DEPTH}"
 [[ -n "$DATA" ]] || die "--data is required (the binarized data directory)"
 [[ -n "$SAVE_ROOT" ]] || die "--save-root is required (runs go to SAVE_ROOT/$BENCHMARK/...)"
+
+PYTHON="${PYTHON:-$(command -v python || command -v python3)}"
+# configs/$CONFIG.yaml's max_tokens x update_freq (the paper's tokens per update on one GPU), its
+# precision and encoder depth, and the registered schemes: one Python start-up
+DEFAULTS="$(tools train-defaults "$CONFIG")" \
+    || die "cannot import fairseq_residual with $PYTHON: install the project (pip install -e .)"
+read -r TOTAL_TOKENS DEFAULT_PRECISION DEFAULT_DEPTH KNOWN_SCHEMES <<< "$DEFAULTS"
+DEPTHS="${DEPTHS:-$DEFAULT_DEPTH}"
 
 split_list() { tr ',' ' ' <<< "$1"; }
 read -r -a SCHEME_LIST <<< "$(split_list "$SCHEMES")"
 read -r -a DEPTH_LIST <<< "$(split_list "$DEPTHS")"
 read -r -a SEED_LIST <<< "$(split_list "$SEEDS")"
-PYTHON="${PYTHON:-$(command -v python || command -v python3)}"
-KNOWN_SCHEMES="$("$PYTHON" -c 'from fairseq_residual.schemes import SCHEME_NAMES; print(" ".join(SCHEME_NAMES))')" \
-    || die "cannot import fairseq_residual with $PYTHON: install the project (pip install -e .)"
 for s in "${SCHEME_LIST[@]}"; do
     [[ " $KNOWN_SCHEMES " == *" $s "* ]] || die "unknown scheme '$s': choose one of ${KNOWN_SCHEMES// /, }"
 done
@@ -159,7 +157,7 @@ for k in "${SEED_LIST[@]}"; do
     [[ "$k" =~ ^[0-9]+$ ]] || die "--seed/--seeds: '$k' is not a non-negative integer"
 done
 for opt in GPUS_PER_NODE NODES MAX_TOKENS; do
-    [[ "${!opt}" =~ ^[1-9][0-9]*$ ]] || die "$opt must be a positive integer, got '${!opt}'"
+    need_positive_int "$opt" "${!opt}"
 done
 [[ -z "$UPDATE_FREQ" || "$UPDATE_FREQ" =~ ^[1-9][0-9]*$ ]] \
     || die "--update-freq must be a positive integer, got '$UPDATE_FREQ'"

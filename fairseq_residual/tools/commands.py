@@ -1,7 +1,9 @@
-"""The one builder of ``fairseq-train`` commands of the tools, and the benchmark configs' values.
+"""The one builder of the tools' ``fairseq-train`` and ``fairseq-generate`` commands, and the
+benchmark configs' values.
 
 :func:`train_command` writes the command line of a ``residual_transformer`` translation run from one
-settings mapping (the demo's presets, the depth study's cells); :func:`config_values` reads a
+settings mapping (the demo's presets, the depth study's cells), :func:`generate_command` the
+translation of a test split with one of its checkpoints; :func:`config_values` reads a
 benchmark's tokens per update, default precision and depth from its ``configs/*.yaml``, for
 ``scripts/train.sh`` (``python -m fairseq_residual.tools.shell config-values NAME``).
 """
@@ -46,6 +48,18 @@ def train_command(fairseq_train, data_bin, save_dir, scheme, settings, user_dir,
             "--save-dir", save_dir, "--no-epoch-checkpoints", *save_args,
             "--log-format", "json", "--log-interval", str(s["log_interval"])]
     return cmd + list(extra)
+
+
+def generate_command(fairseq_generate, data_bin, checkpoint, results_path, user_dir, src="de", tgt="en",
+                     beam=5, max_len_a=1.2, max_len_b=10, batch_size=128, device_args=("--cpu",)):
+    """``fairseq-generate`` of the ``test`` split of a translation data-bin with ``checkpoint``: beam
+    search, every sentence kept (``--required-batch-size-multiple 1``), output to
+    ``results_path/generate-test.txt``."""
+    return [fairseq_generate, data_bin, "--user-dir", user_dir, "--path", checkpoint,
+            "--task", "translation", "--source-lang", src, "--target-lang", tgt, "--gen-subset", "test",
+            "--beam", str(beam), "--max-len-a", str(max_len_a), "--max-len-b", str(max_len_b),
+            "--batch-size", str(batch_size), "--required-batch-size-multiple", "1",
+            *device_args, "--num-workers", "0", "--results-path", results_path]
 
 
 CONFIG_DIR = os.path.join(REPO, "configs")

@@ -42,6 +42,7 @@ import sys
 import time
 
 from . import PLUGIN_DIR, REPO
+from .commands import generate_command
 from .commands import train_command as fairseq_train_command
 from . import corpus
 from .corpus import SPLITS
@@ -249,12 +250,9 @@ def generate(args, scheme, data, run_dir, n_test):
     log(f"translate {scheme}: fairseq-generate on {n_test} test sentences (beam {GEN['beam']})")
     COMPUTED.append(f"translate {scheme}")
     t0 = time.time()
-    cpu = run([tool("fairseq-generate"), data["bin"], "--user-dir", args.user_dir, "--path", ckpt,
-         "--task", "translation", "--source-lang", SRC, "--target-lang", TGT, "--gen-subset", "test",
-         "--beam", str(GEN["beam"]), "--max-len-a", str(GEN["max_len_a"]), "--max-len-b", str(GEN["max_len_b"]),
-         "--batch-size", str(GEN["batch_size"]), "--required-batch-size-multiple", "1",
-         *device_args(args), "--num-workers", "0", "--results-path", run_dir],
-        log_path=os.path.join(run_dir, "generate.log"), prefix=f"[{scheme}] ")
+    cmd = generate_command(tool("fairseq-generate"), data["bin"], ckpt, run_dir, args.user_dir, SRC, TGT,
+                           device_args=device_args(args), **GEN)
+    cpu = run(cmd, log_path=os.path.join(run_dir, "generate.log"), prefix=f"[{scheme}] ")
     hyps = read_generate(os.path.join(run_dir, "generate-test.txt"))["hyps"]
     if sorted(hyps) != list(range(n_test)):
         raise DemoError(f"fairseq-generate translated {len(hyps)} of {n_test} test sentences "

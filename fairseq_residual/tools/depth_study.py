@@ -44,6 +44,7 @@ import sys
 import time
 
 from . import PLUGIN_DIR, REPO, demo, divergence
+from .commands import generate_command
 from .commands import train_command as fairseq_train_command
 from .files import read_json, write_json
 from .logs import number as _num
@@ -148,11 +149,8 @@ def classify(rc, log_text, stats, vocab):
 
 def translate_and_score(args, demo, data, s, run_dir):
     ckpt = os.path.join(run_dir, "checkpoint_last.pt")
-    cmd = [tool("fairseq-generate"), data["bleu_bin"], "--user-dir", args.user_dir, "--path", ckpt,
-           "--task", "translation", "--source-lang", SRC, "--target-lang", TGT, "--gen-subset", "test",
-           "--beam", str(s["beam"]), "--max-len-a", "1.2", "--max-len-b", "10", "--batch-size", "128",
-           "--required-batch-size-multiple", "1", *getattr(args, "device_args", ("--cpu",)), "--num-workers", "0",
-           "--results-path", run_dir]
+    cmd = generate_command(tool("fairseq-generate"), data["bleu_bin"], ckpt, run_dir, args.user_dir, SRC, TGT,
+                           beam=s["beam"], device_args=getattr(args, "device_args", ("--cpu",)))
     t0 = time.time()
     rc, cpu = run_logged(cmd, os.path.join(run_dir, "generate.log"), args.threads)
     if rc != 0:

@@ -1,0 +1,101 @@
+"""The Python the shell scripts need, as sub-commands (``python -m fairseq_residual.tools.shell CMD``):
+
+  scheme-names                 the registered residual schemes, space separated, in table order
+  config-values NAME           tokens per update, default precision and depth of configs/NAME.yaml
+  train-defaults NAME          config-values NAME, then scheme-names, on one line (one start-up)
+  count-sentences PREFIX...    sentences of each binarized split, one line each (empty when unknown)
+  eval-meta BENCH RUN_DIR NAME CKPT AVERAGE_LOG SUBSET BEAM LENPEN MAX_LEN_A MAX_LEN_B DATA [NEWSTEST REFS]
+                               the evaluation's metadata (JSON) for score_bleu.py --meta; AVERAGE_LOG:
+                               average_checkpoints.py's output (its indented lines name the averaged
+                               checkpoints), or empty when no checkpoint was averaged; NEWSTEST: the
+                               newstest2010-2016 decoding settings (JSON, or null) and REFS their references
+  speed-summary OUT DTYPE...   the goals summary of the speed benchmark's bench_<dtype>.json files
+"""
+import json
+import re
+import struct
+import sys
+
+
+def scheme_names():
+    from ..schemes import SCHEME_NAMES
+
+    return " ".join(SCHEME_NAMES)
+
+
+def config_values(name):
+    from .commands import config_values as values
+
+    v = values(name)
+    return f"{v['tokens_per_update']} {v['precision']} {v['depth']}"
+
+
+def count_sentences(prefix):
+    """Sentences of the binarized split ``prefix`` (``.idx``/``.bin``)."""
+    with open(prefix + ".idx", "rb") as f:
+        head = f.read(26)
+    if head[:9] == b"MMIDIDX\x00\x00":  # fairseq's mmap index: magic, version <Q, dtype <B, count <Q
+        return struct.unpack("<Q", head[18:26])[0]
+    from fairseq.data import data_utils
+
+    return len(data_utils.load_indexed_dataset(prefix, None))
+
+
+def averaged_checkpoints(average_log):
+    """The checkpoints average_checkpoints.py names in its log (its lines indented by two spaces)."""
+    with open(average_log, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.startswith("  ")]
+
+
+def eval_meta(bench, run_dir, name, ckpt, average_log, subset, beam, lenpen, a, b, data, newstest="null",
+              refs=""):
+    newstest = json.loads(newstest)
+    if newstest:
+        newstest["references"] = refs
+    averaged = averaged_checkpoints(average_log) if average_log else None
+    m = re.match(r"^([a-z0-9_]+)-(\d+)L-seed(\d+)$", name)
+    run = {"scheme": m.group(1), "layers": int(m.group(2)), "seed": int(m.group(3))} if m else None
+    return json.dumps({
+        "benchmark": bench, "run_dir": run_dir, "run": run, "data": data,
+        "checkpoint": {"path": ckpt, "averaged": averaged},
+        "subset": subset,
+        "generation": {"beam": int(beam), "lenpen": float(lenpen), "max_len_a": float(a),
+                       "max_len_b": int(b), "required_batch_size_multiple": 1},
+        **({"newstest_average_generation": newstest} if newstest else {}),
+    })
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    cmd, args = (argv[0], argv[1:]) if argv else (None, [])
+    if cmd == "scheme-names" and not args:
+        print(scheme_names())
+    elif cmd == "config-values" and len(args) == 1:
+        try:
+            print(config_values(args[0]))
+        except (FileNotFoundError, KeyError, ValueError) as e:
+            sys.exit(f"config-values: {e}")
+    elif cmd == "train-defaults" and len(args) == 1:
+        try:
+            print(config_values(args[0]), scheme_names())
+        except (FileNotFoundError, KeyError, ValueError) as e:
+            sys.exit(f"train-defaults: {e}")
+    elif cmd == "count-sentences" and args:
+        for prefix in args:
+            try:
+                print(count_sentences(prefix))
+            except Exception:  # unknown: the scorer then does without the expected count
+                print()
+    elif cmd == "eval-meta" and len(args) in (11, 13):
+        print(eval_meta(*args))
+    elif cmd == "speed-summary" and args:
+        from .speed import print_gpu_summary
+
+        print_gpu_summary(args[0], args[1:])
+    else:
+        sys.exit(__doc__)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

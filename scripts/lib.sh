@@ -1,0 +1,52 @@
+# shellcheck shell=bash
+# Shared by the shell scripts in scripts/: logging, errors, option values and the Python tools.
+# Source it after setting NAME (the tag of every message):
+#
+#   NAME=train; source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+#
+# LOG_TIME=1 adds the time of day to log lines; LOG_TO_STDERR=1 sends them to stderr (for scripts
+# whose stdout is data). Sets SCRIPT_DIR (scripts/) and REPO (the checkout).
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(dirname "$SCRIPT_DIR")"
+LOG_TIME="${LOG_TIME:-0}"
+LOG_TO_STDERR="${LOG_TO_STDERR:-0}"
+
+log() {
+    local tag="[$NAME]"
+    [[ $LOG_TIME == 1 ]] && tag+=" $(date +%H:%M:%S)"
+    if [[ $LOG_TO_STDERR == 1 ]]; then echo "$tag $*" >&2; else echo "$tag $*"; fi
+}
+warn() { echo "[$NAME] WARNING: $*" >&2; }
+die() { echo "[$NAME] ERROR: $*" >&2; exit 2; }
+# need_value OPTION "$@" tail: the option has a non-empty value
+need_value() { [[ $# -ge 2 && -n "$2" ]] || die "option $1 needs a value (see --help)"; }
+# need_positive_int LABEL VALUE
+need_positive_int() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '$2'"; }
+
+# tools CMD ARGS...: python -m fairseq_residual.tools.shell (this checkout's copy first on the path)
+tools() {
+    PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m fairseq_residual.tools.shell "$@"
+}
+
+# prepare_tools MODULE...: PYTHON (python, else python3) with MODULE... importable and
+# fairseq-preprocess on PATH, for the prepare-*.sh scripts; they run their steps with prep
+prepare_tools() {
+    PYTHON="${PYTHON:-python}"
+    command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+    command -v "$PYTHON" >/dev/null 2>&1 || die "no 'python' on PATH"
+    command -v fairseq-preprocess >/dev/null 2>&1 \
+        || die "'fairseq-preprocess' not on PATH (activate the environment where fairseq is installed)"
+    prep check-deps "$@"
+}
+# prep STEP ARGS...: one corpus preparation step (fairseq_residual/tools/corpus.py, run as a file:
+# standard library only, no plugin import, a fraction of a second per step)
+prep() { "$PYTHON" "$REPO/fairseq_residual/tools/corpus.py" "$@"; }
+
+# need_fairseq_train HINT: stop unless fairseq-train is on PATH (HINT: how to get it there)
+need_fairseq_train() {
+    if ! command -v fairseq-train >/dev/null 2>&1; then
+        echo "ERROR: fairseq-train is not on PATH; $1" >&2
+        exit 2
+    fi
+}
