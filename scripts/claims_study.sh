@@ -4,14 +4,11 @@
 # see docs/analysis.md for the measured grid, its cost and the verdicts.
 set -euo pipefail
 
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+NAME="$(basename "$0" .sh)"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # SCRIPT_DIR, need_fairseq_train
 PYTHON="${PYTHON:-python3}"
 
-if ! command -v fairseq-train >/dev/null 2>&1; then
-    echo "ERROR: fairseq-train is not on PATH; put the project's virtual environment first:" \
-         "PATH=.venv/bin:\$PATH bash $0 $*" >&2
-    exit 2
-fi
+need_fairseq_train "put the project's virtual environment first: PATH=.venv/bin:\$PATH bash $0 $*"
 
 # -u: unbuffered, so progress lines appear as they come
 exec "$PYTHON" -u "$SCRIPT_DIR/claims_study.py" "$@"

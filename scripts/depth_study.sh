@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Depth-scaling study (Post-LN vs Pre-LN vs ResiDual at 6/12/24/48 layers, same update budget, CPU):
+# Depth-scaling study (every registered scheme at 6/12/24/48 layers, same update budget, CPU):
 # a thin wrapper around scripts/depth_study.py, which does the work. Run with --help for the options;
 # see docs/analysis.md for the measured timings and results.
 set -euo pipefail
