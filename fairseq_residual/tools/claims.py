@@ -407,14 +407,8 @@ def main(argv=None):
             args.device_args = ()
         else:
             args.device_args = ("--cpu",)
-        if args.updates < 1 or args.jobs < 1 or args.bleu_sentences < 1:
-            raise ToolError("--updates, --jobs and --bleu-sentences must be >= 1")
-        if args.width % args.heads:
-            raise ToolError(f"--width {args.width} is not divisible by --heads {args.heads}")
-        args.out = os.path.abspath(args.out)
-        os.makedirs(args.out, exist_ok=True)
         t0 = time.time()
-        data = depth_study.prepare(args, depth_study.demo)
+        data = depth_study.start_study(args)
         cells = [(s, c, k) for c in args.conditions for s in args.schemes for k in args.seeds]
         if args.dry_run:
             for s, c, k in cells:

@@ -373,6 +373,22 @@ def add_cell_arguments(p, out, updates=300, max_tokens=4096, warmup=60, bleu_sen
     p.add_argument("--dry-run", action="store_true", help="print the cells and their commands only")
 
 
+def start_study(args):
+    """Check the cell options, create ``--out`` (made absolute) and prepare the data: the start shared by
+    the depth study and the claims study. Returns :func:`prepare`'s data dict.
+
+    Raises:
+        StudyError: an option out of range, naming it.
+    """
+    if args.updates < 1 or args.jobs < 1 or args.bleu_sentences < 1:
+        raise StudyError("--updates, --jobs and --bleu-sentences must be >= 1")
+    if args.width % args.heads:
+        raise StudyError(f"--width {args.width} is not divisible by --heads {args.heads}")
+    args.out = os.path.abspath(args.out)
+    os.makedirs(args.out, exist_ok=True)
+    return prepare(args, demo)
+
+
 def build_parser():
     p = argparse.ArgumentParser(
         prog="depth_study.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -394,14 +410,8 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        if args.updates < 1 or args.jobs < 1 or args.bleu_sentences < 1:
-            raise StudyError("--updates, --jobs and --bleu-sentences must be >= 1")
-        if args.width % args.heads:
-            raise StudyError(f"--width {args.width} is not divisible by --heads {args.heads}")
-        args.out = os.path.abspath(args.out)
-        os.makedirs(args.out, exist_ok=True)
         t0 = time.time()
-        data = prepare(args, demo)
+        data = start_study(args)
         cells = [(s, d) for d in args.depths for s in args.schemes]
         if args.dry_run:
             for s, d in cells:
