@@ -32,7 +32,11 @@ def markdown_table(header, rows, align=None):
 
 
 def _pyplot():
+    import logging
+
     import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
