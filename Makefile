@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers: the suite's fairseq runs are single-threaded, so one worker per core; whole test
+# files go to one worker (--dist loadfile), so that a module's trained fixtures are built once
+PYTEST_WORKERS ?= 2
 
 .PHONY: venv test test-fast demo demo-long clean-venv
 
@@ -23,11 +26,11 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 test: $(STAMP)
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q tests $(PYTEST_ARGS)
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
 
 # the in-process model tests only (marker `model`, see pytest.ini): no fairseq CLI runs, about a minute
 test-fast: $(STAMP)
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -m model tests $(PYTEST_ARGS)
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m model tests $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	PATH=$(abspath $(VENV))/bin:$$PATH bash scripts/run_demo.sh $(DEMO_ARGS)

@@ -28,7 +28,7 @@ setup(
         "matplotlib>=3.5",
         "tensorboardX>=2.5",
     ],
-    extras_require={"test": ["pytest>=7"]},
+    extras_require={"test": ["pytest>=7", "pytest-xdist>=3"]},
     entry_points={
         "console_scripts": [
             "fairseq-residual-analyze = fairseq_residual.analyze:cli_main",
