@@ -23,6 +23,11 @@ to fairseq's; when on, one pass over the parameter gradients every N updates.
 
 Gradients exist only after the backward pass, so a criterion cannot see them in its own step: the
 norms are taken in the task's ``train_step`` right after fairseq's forward and backward.
+
+Resuming reproduces the run it continues (:meth:`TranslationWithGradNormsTask.get_batch_iterator`):
+fairseq's own ``translation`` task, in the fairseq source this project installs, batches the training
+set differently in a process that starts in epoch E > 1 than in one that started in epoch 1, so a run
+resumed after its first epoch is not the run it continues.
 """
 import math
 from dataclasses import dataclass, field
@@ -129,6 +134,40 @@ class TranslationWithGradNormsTask(TranslationTask):
                 f"--log-grad-norm-interval must be >= 0 (0 = off), got {self.log_grad_norm_interval}"
             )
         self._grad_norm_logged_update = -1
+
+    def get_batch_iterator(self, dataset, *args, **kwargs):
+        """fairseq's batch iterator, with the batches sorted as a run that started in epoch 1 sorts them.
+
+        fairseq (``FairseqTask.get_batch_iterator``, ``make_batches``, in fairseq main and fairseq-fixed
+        0.12.3.1) sorts the examples into batches once, under the numpy seed ``seed + epoch`` of the epoch
+        the process starts in, and keeps those batches for every later epoch (only their order is
+        shuffled per epoch). A run resumed in epoch E > 1 therefore sorts under ``seed + E``: examples of
+        equal length land in another order within a batch, or in another batch, than in the run it
+        continues, which changes its dropout masks and float sums from the first update on (a 6-layer
+        Post-LN model resumed at the start of epoch 2 differed from the uninterrupted run by up to 1e-3
+        in its weights five updates later). Here the batches of a new iterator are sorted under epoch
+        1's seed and the iterator is then set to the epoch asked for (fairseq's resume sets it again
+        from the checkpoint), so that a resumed CPU run equals the uninterrupted one bit for bit.
+
+        Left as fairseq does it when the batches are made per epoch anyway: the iterator cache is off
+        (``disable_iterator_cache``, sharded data), ``update_epoch_batch_itr`` is set, the dataset cannot
+        reuse its iterator across epochs, or the task rebuilds its batches every epoch.
+        """
+        epoch = kwargs.get("epoch", 1)
+        once = (
+            epoch > 1
+            and not kwargs.get("disable_iterator_cache", False)
+            and not kwargs.get("update_epoch_batch_itr", False)
+            and self.can_reuse_epoch_itr(dataset)
+            and not getattr(self.cfg, "rebuild_batches", False)
+        )
+        if not once:
+            return super().get_batch_iterator(dataset, *args, **kwargs)
+        cached = dataset in self.dataset_to_epoch_iter
+        itr = super().get_batch_iterator(dataset, *args, **dict(kwargs, epoch=1))
+        if not cached:
+            itr.epoch = epoch
+        return itr
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False, **kwargs):
         """fairseq's forward and backward; then, every N updates, the per-layer gradient norms."""
