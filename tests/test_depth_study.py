@@ -39,8 +39,10 @@ def test_cell_folder_is_stable_and_names_the_settings():
     s = dict(scheme="pre_ln", depth=24, width=64, updates=300, lr=1e-3)
     a, b = ds.cell_dir(args, s), ds.cell_dir(args, dict(s))
     assert a == b  # a rerun finds the same folder (and skips the cell when result.json is there)
-    assert os.path.basename(a).startswith("pre_ln-L24-w64-u300-")
+    assert os.path.basename(a).startswith("pre_ln-L24-w64-")
     assert ds.cell_dir(args, dict(s, lr=2e-3)) != a  # any other setting: another cell
+    assert ds.cell_dir(args, dict(s, updates=1200)) == a  # but a longer budget continues this one
+    assert ds.result_path(args, s) == os.path.join(a, "budgets", "u300", "result.json")
 
 
 def test_parse_log(tmp_path):

@@ -21,13 +21,17 @@ Output (default ``runs/depth_study/``)::
 
     data/                       sentencepiece model + binarized corpus (scripts/demo.py's
                                 data preparation, reused) and data/bleu-test-N/ (BLEU subset)
-    cells/<scheme>-L<depth>-w<width>-u<updates>-<hash>/
-                                train.log, checkpoint_last.pt, generate-test.txt, result.json
+    cells/<scheme>-L<depth>-w<width>-<hash>/
+                                train-u<updates>.log (one per training segment), checkpoint_last.pt,
+                                train_state.json, budgets/u<updates>/ (result.json, checkpoint.pt,
+                                generate-test.txt)
     results.md, results.json, quality_vs_depth.png
 
-Finished cells (``result.json`` present, same settings: the settings hash is in the folder name)
-are skipped, so an interrupted study resumes where it stopped, and ``--depths`` / ``--schemes`` can
-be extended later without redoing anything. ``--report-only`` rebuilds the tables and the plot.
+The hash covers every setting but the number of updates. Finished cells (the budget's
+``result.json`` present) are skipped, so an interrupted study resumes where it stopped, ``--depths`` /
+``--schemes`` can be extended later without redoing anything, and a larger ``--updates`` continues
+every cell from its last checkpoint instead of training it again (:func:`run_cell`).
+``--report-only`` rebuilds the tables and the plot.
 Errors meant for the user are printed as ``ERROR: ...`` with exit status 2.
 """
 
@@ -39,6 +43,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -108,17 +113,36 @@ def prepare(args, demo):
 
 
 def cell_settings(args, scheme, depth, data):
-    return dict(scheme=scheme, depth=depth, width=args.width, ffn_dim=args.ffn_dim or 2 * args.width,
-                heads=args.heads, updates=args.updates, lr=args.lr, warmup=args.warmup,
-                max_tokens=args.max_tokens, dropout=args.dropout, clip_norm=args.clip_norm,
-                seed=args.seed, data=data["fingerprint"], beam=args.beam,
-                bleu_sentences=data["bleu_sentences"], extra_train_args=args.extra_train_args)
+    """The settings of one cell (their hash names its folder). ``args.save_every`` (when set and
+    non-zero) adds a checkpoint every that many updates, for learning curves (:mod:`.learning_curve`)."""
+    s = dict(scheme=scheme, depth=depth, width=args.width, ffn_dim=args.ffn_dim or 2 * args.width,
+             heads=args.heads, updates=args.updates, lr=args.lr, warmup=args.warmup,
+             max_tokens=args.max_tokens, dropout=args.dropout, clip_norm=args.clip_norm,
+             seed=args.seed, data=data["fingerprint"], beam=args.beam,
+             bleu_sentences=data["bleu_sentences"], extra_train_args=args.extra_train_args)
+    if getattr(args, "save_every", 0):
+        s["save_every"] = args.save_every
+    return s
 
 
 def cell_dir(args, settings):
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
-    name = f"{settings['scheme']}-L{settings['depth']}-w{settings['width']}-u{settings['updates']}-{digest}"
+    """The folder of one cell: scheme, depth and width in its name, then a hash of every setting except
+    the number of updates, so that a longer budget continues the same cell instead of starting again."""
+    key = {k: v for k, v in settings.items() if k != "updates"}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]
+    name = f"{settings['scheme']}-L{settings['depth']}-w{settings['width']}-{digest}"
     return os.path.join(args.out, "cells", name)
+
+
+def budget_dir(run_dir, updates):
+    """Where a cell keeps what it measured after ``updates`` updates: ``result.json``, the checkpoint of
+    that budget (``checkpoint.pt``), its translations and diagnostics."""
+    return os.path.join(run_dir, "budgets", f"u{updates}")
+
+
+def result_path(args, settings):
+    """The ``result.json`` of a cell at its budget (``settings["updates"]``)."""
+    return os.path.join(budget_dir(cell_dir(args, settings), settings["updates"]), "result.json")
 
 
 def train_command(args, s, data_bin, run_dir):
@@ -131,8 +155,12 @@ def train_command(args, s, data_bin, run_dir):
         tool("fairseq-train"), data_bin, run_dir, s["scheme"], settings, args.user_dir, SRC, TGT,
         task="translation_with_grad_norms", task_args=("--log-grad-norm-interval", str(args.log_interval)),
         device_args=getattr(args, "device_args", ("--cpu",)),
-        # one checkpoint and one validation, at the end (validate/save intervals are in epochs)
-        save_args=("--save-interval", "100000", "--validate-interval", "100000", "--no-save-optimizer-state"),
+        # one checkpoint (with the optimizer's state, so that a larger budget continues the run) and one
+        # validation, at the end (validate/save intervals are in epochs), and with save_every a
+        # checkpoint (and fairseq's validation) every that many updates, all kept
+        save_args=("--save-interval", "100000", "--validate-interval", "100000")
+        + (("--save-interval-updates", str(s["save_every"]), "--keep-interval-updates", "-1")
+           if s.get("save_every") else ()),
         extra=shlex.split(s["extra_train_args"]))
 
 
@@ -147,20 +175,25 @@ def classify(rc, log_text, stats, vocab):
     return divergence.classify(rc, log_text, stats.get("valid_nll_loss"), vocab)
 
 
-def translate_and_score(args, demo, data, s, run_dir):
-    ckpt = os.path.join(run_dir, "checkpoint_last.pt")
-    cmd = generate_command(tool("fairseq-generate"), data["bleu_bin"], ckpt, run_dir, args.user_dir, SRC, TGT,
+def translate_and_score(args, demo, data, s, run_dir, checkpoint=None, out_dir=None):
+    """Translate the BLEU subset with ``checkpoint`` (default the cell's ``checkpoint_last.pt``), writing
+    into ``out_dir`` (default the cell's folder), and score it: sacreBLEU and chrF of the detokenized
+    hypotheses against the raw references. Returns the scores (``bleu`` None when generation failed)."""
+    ckpt = checkpoint or os.path.join(run_dir, "checkpoint_last.pt")
+    out_dir = out_dir or run_dir
+    os.makedirs(out_dir, exist_ok=True)
+    cmd = generate_command(tool("fairseq-generate"), data["bleu_bin"], ckpt, out_dir, args.user_dir, SRC, TGT,
                            beam=s["beam"], device_args=getattr(args, "device_args", ("--cpu",)))
     t0 = time.time()
-    rc, cpu = run_logged(cmd, os.path.join(run_dir, "generate.log"), args.threads)
+    rc, cpu = run_logged(cmd, os.path.join(out_dir, "generate.log"), args.threads)
     if rc != 0:
         return {"bleu": None, "bleu_error": f"fairseq-generate exit status {rc} (see generate.log)"}
-    hyps = read_generate(os.path.join(run_dir, "generate-test.txt"))["hyps"]
+    hyps = read_generate(os.path.join(out_dir, "generate-test.txt"))["hyps"]
     n = data["bleu_sentences"]
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=data["spm_model"])
-    hyp_path = os.path.join(run_dir, f"hyp.test.{TGT}")
+    hyp_path = os.path.join(out_dir, f"hyp.test.{TGT}")
     with open(hyp_path, "w", encoding="utf-8") as f:
         f.write("".join(sp.decode(hyps.get(i, "").split()) + "\n" for i in range(n)))
     scores = demo.score(hyp_path, data["bleu_ref"])
@@ -171,58 +204,111 @@ def translate_and_score(args, demo, data, s, run_dir):
 
 
 def run_cell(args, demo, data, scheme, depth, label=None):
-    """Train, classify, translate and score one cell (skipped when its ``result.json`` exists); ``label``
-    names it in progress lines (default ``<scheme> L=<depth>``). Returns the result dict."""
+    """Train, classify, translate and score one cell at its budget of ``args.updates`` updates; ``label``
+    names it in progress lines (default ``<scheme> L=<depth>``). Returns the result dict (also in the
+    budget's ``result.json``).
+
+    A cell is trained once: a later call with a larger budget continues it from its last checkpoint
+    (fairseq restores the model, Adam's moments, the learning-rate schedule and the position in the
+    epoch, and seeds every update with seed + update number, so the continued run is the run that would
+    have gone on), a call with a budget it already reached returns that budget's result. A cell that
+    diverged or failed is not trained further: larger budgets report the same outcome.
+
+    Raises:
+        StudyError: the cell was trained past ``args.updates`` without measuring that budget.
+    """
     s = cell_settings(args, scheme, depth, data)
+    updates = s["updates"]
     name = label or f"{scheme} L={depth}"
     run_dir = cell_dir(args, s)
-    result_path = os.path.join(run_dir, "result.json")
-    done = read_json(result_path)
+    bdir = budget_dir(run_dir, updates)
+    result_file = os.path.join(bdir, "result.json")
+    done = read_json(result_file)
     if done is not None:
         log(f"{name}: finished earlier ({done['status']}), skipped")
         return done
-    os.makedirs(run_dir, exist_ok=True)
-    write_json(os.path.join(run_dir, "settings.json"), s)
-    train_done = os.path.join(run_dir, "train_done.json")
-    train = read_json(train_done)
-    if train is None or train.get("settings") != s:
-        log(f"{name}: training {s['updates']} updates (load average {loadavg()})")
-        t0 = time.time()
-        cmd = train_command(args, s, data["bin"], run_dir)
-        rc, cpu = run_logged(cmd, os.path.join(run_dir, "train.log"), args.threads)
-        with open(os.path.join(run_dir, "train.log"), encoding="utf-8", errors="replace") as f:
-            text = f.read()
-        parsed = parse_log(os.path.join(run_dir, "train.log"))
-        valid = parsed["valid"][-1] if parsed["valid"] else {}
-        inner = parsed["train_inner"]
-        last_gn = next((r for r in reversed(inner) if "gnorm_enc_low_top" in r), {})
-        stats = {
-            "valid_loss": _num(valid.get("valid_loss")),
-            "valid_nll_loss": _num(valid.get("valid_nll_loss")),
-            "valid_ppl": _num(valid.get("valid_ppl")),
-            "updates_done": int(_num(inner[-1].get("num_updates")) or 0) if inner else 0,
-            "first_train_loss": _num(inner[0].get("loss")) if inner else None,
-            "last_train_loss": _num(inner[-1].get("loss")) if inner else None,
-            "last_gnorm": _num(inner[-1].get("gnorm")) if inner else None,
-            "grad_norm_low_top_enc": _num(last_gn.get("gnorm_enc_low_top")),
-            "grad_norm_low_top_dec": _num(last_gn.get("gnorm_dec_low_top")),
-        }
-        status, reason = classify(rc, text, stats, data["vocab"])
-        train = dict(settings=s, status=status, reason=reason, exit_status=rc, stats=stats,
-                     train_s=round(time.time() - t0, 1), train_cpu_s=cpu, load_end=loadavg(),
-                     command=" ".join(shlex.quote(c) for c in cmd))
-        write_json(train_done, train)
-        log(f"{name}: {status}{' (' + reason + ')' if reason else ''}, "
-            f"valid nll {stats['valid_nll_loss']}, {train['train_s']:.0f} s")
-    result = dict(train, cell=os.path.basename(run_dir))
+    os.makedirs(bdir, exist_ok=True)
+    write_json(os.path.join(run_dir, "settings.json"), {k: v for k, v in s.items() if k != "updates"})
+    state_file = os.path.join(run_dir, "train_state.json")
+    state = read_json(state_file)
+    ckpt = os.path.join(bdir, "checkpoint.pt")
+    if state is not None and state["updates"] > updates and state["status"] == "ok":
+        raise StudyError(f"{name}: this cell ({rel_cell(run_dir)}) was trained to {state['updates']} updates "
+                         f"already, past the {updates} asked for, and its state at {updates} updates was not "
+                         f"kept; ask for --updates {state['updates']} or more, or use another --out")
+    if state is None or (state["status"] == "ok" and state["updates"] < updates):
+        state = train_segment(args, s, data, run_dir, state, name)
+        write_json(state_file, state)
+        if state["status"] == "ok":
+            atomic_copy(os.path.join(run_dir, "checkpoint_last.pt"), ckpt)
+    result = dict({k: v for k, v in state.items() if k != "segments"}, settings=s,
+                  cell=os.path.basename(run_dir), budget=updates)
+    if state["status"] != "ok" and state["updates"] < updates:
+        result["reason"] = f"{state['reason']} (before {state['updates']} updates; not trained further)"
     result["scores"] = None
-    if train["status"] == "ok" or (train["status"] == "diverged"
-                                   and os.path.exists(os.path.join(run_dir, "checkpoint_last.pt"))):
-        result["scores"] = translate_and_score(args, demo, data, s, run_dir)
+    last = os.path.join(run_dir, "checkpoint_last.pt")
+    use = ckpt if os.path.exists(ckpt) else (last if state["status"] == "diverged" and os.path.exists(last) else None)
+    if use is not None:
+        result["scores"] = translate_and_score(args, demo, data, s, run_dir, checkpoint=use, out_dir=bdir)
         log(f"{name}: BLEU {result['scores'].get('bleu')} "
             f"({result['scores'].get('translate_s', 0):.0f} s to translate)")
-    write_json(result_path, result)
+    write_json(result_file, result)
     return result
+
+
+def rel_cell(run_dir):
+    return os.path.join(os.path.basename(os.path.dirname(run_dir)), os.path.basename(run_dir))
+
+
+def atomic_copy(src, dst):
+    """Copy ``src`` to ``dst`` through a temporary file in ``dst``'s folder (a kill leaves no half file)."""
+    tmp = f"{dst}.tmp{os.getpid()}"
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def train_segment(args, s, data, run_dir, state, name):
+    """Train a cell from where ``state`` left it (None: from scratch) to ``s["updates"]``; the segment's log
+    is ``train-u<updates>.log``. Returns the new state: status, reason, the last validation's statistics,
+    wall and CPU seconds summed over the segments, and one entry per segment (its command)."""
+    updates = s["updates"]
+    start = state["updates"] if state else 0
+    log(f"{name}: training {'from scratch' if not start else f'on from {start} updates'} to {updates} updates "
+        f"(load average {loadavg()})")
+    t0 = time.time()
+    cmd = train_command(args, s, data["bin"], run_dir)
+    log_path = os.path.join(run_dir, f"train-u{updates}.log")
+    rc, cpu = run_logged(cmd, log_path, args.threads)
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    parsed = parse_log(log_path)
+    valid = parsed["valid"][-1] if parsed["valid"] else {}
+    inner = parsed["train_inner"]
+    last_gn = next((r for r in reversed(inner) if "gnorm_enc_low_top" in r), {})
+    prev = (state or {}).get("stats", {})
+    stats = {
+        "valid_loss": _num(valid.get("valid_loss")),
+        "valid_nll_loss": _num(valid.get("valid_nll_loss")),
+        "valid_ppl": _num(valid.get("valid_ppl")),
+        "updates_done": int(_num(inner[-1].get("num_updates")) or 0) if inner else prev.get("updates_done", 0),
+        "first_train_loss": prev.get("first_train_loss") if start else (_num(inner[0].get("loss")) if inner else None),
+        "last_train_loss": _num(inner[-1].get("loss")) if inner else None,
+        "last_gnorm": _num(inner[-1].get("gnorm")) if inner else None,
+        "grad_norm_low_top_enc": _num(last_gn.get("gnorm_enc_low_top")),
+        "grad_norm_low_top_dec": _num(last_gn.get("gnorm_dec_low_top")),
+    }
+    status, reason = classify(rc, text, stats, data["vocab"])
+    train_s = round(time.time() - t0, 1)
+    command = " ".join(shlex.quote(c) for c in cmd)
+    segments = list((state or {}).get("segments", [])) + [
+        dict(start=start, updates=updates, status=status, train_s=train_s, train_cpu_s=cpu, command=command,
+             log=os.path.basename(log_path))]
+    log(f"{name}: {status}{' (' + reason + ')' if reason else ''}, valid nll {stats['valid_nll_loss']}, "
+        f"{train_s:.0f} s")
+    return dict(status=status, reason=reason, exit_status=rc, stats=stats, updates=updates if status == "ok" else start,
+                train_s=round(sum(g["train_s"] for g in segments), 1),
+                train_cpu_s=round(sum(g["train_cpu_s"] or 0 for g in segments), 1), load_end=loadavg(),
+                command=command, segments=segments)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -330,6 +416,9 @@ def int_list(text):
 
 
 def scheme_list(text):
+    """Comma-separated scheme names, or ``all`` for every registered scheme."""
+    if text.strip() == "all":
+        return list(SCHEMES)
     values = [v for v in text.replace(" ", "").split(",") if v]
     bad = [v for v in values if v not in SCHEMES]
     if bad or not values:
@@ -337,16 +426,19 @@ def scheme_list(text):
     return values
 
 
-def add_cell_arguments(p, out, updates=300, max_tokens=4096, warmup=60, bleu_sentences=300):
+def add_cell_arguments(p, out, updates=300, max_tokens=4096, warmup=60, bleu_sentences=300, lr=1e-3,
+                       schemes=None, schemes_help=None):
     """The options of one cell (model, recipe, data, scoring, parallelism), shared with the claims study
-    (:mod:`.claims`); the keyword arguments are the caller's defaults."""
-    p.add_argument("--schemes", type=scheme_list, default=list(SCHEMES),
-                   help=f"comma-separated residual schemes (default: every registered one, {','.join(SCHEMES)})")
+    (:mod:`.claims`); the keyword arguments are the caller's defaults (``schemes`` None: every registered
+    scheme)."""
+    p.add_argument("--schemes", type=scheme_list, default=list(schemes or SCHEMES),
+                   help=schemes_help or "comma-separated residual schemes, or all (default: every registered "
+                                        f"one, {','.join(SCHEMES)})")
     p.add_argument("--updates", type=int, default=updates, help="updates per cell (default %(default)s)")
     p.add_argument("--width", type=int, default=64, help="model width (default 64)")
     p.add_argument("--ffn-dim", type=int, default=None, help="FFN width (default: 2 x width)")
     p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    p.add_argument("--lr", type=float, default=lr, help="peak learning rate (default %(default)s)")
     p.add_argument("--warmup", type=int, default=warmup,
                    help="inverse_sqrt warm-up updates (default %(default)s)")
     p.add_argument("--clip-norm", type=float, default=0.0, help="gradient clipping (default 0: off)")
@@ -420,8 +512,7 @@ def main(argv=None):
                     shlex.quote(c) for c in train_command(args, st, data["bin"], cell_dir(args, st))))
             return 0
         if args.report_only:
-            results = [read_json(os.path.join(cell_dir(args, cell_settings(args, s, d, data)), "result.json"))
-                       for s, d in cells]
+            results = [read_json(result_path(args, cell_settings(args, s, d, data))) for s, d in cells]
             results = [r for r in results if r]
             if not results:
                 raise StudyError(f"no finished cell with these settings under {args.out}/cells")
