@@ -2,9 +2,12 @@
 
 * The verdict rule on paired differences: holds / does not hold / inconclusive from the 95% t-interval.
 * The claims computed from a synthetic grid (no training): each claim's direction, the divergence count,
-  the paper's number beside it, and a report that lists every registered scheme's cells.
+  the paper's number beside it, ablation rows, the claims at several budgets, and a report that lists
+  every registered scheme's cells.
+* The learning curve's plateau rule.
 * One real, tiny run through the entry point (one scheme, two conditions, one seed, 30 updates, a
-  300-pair copy of the shipped corpus): cells trained, translated, analysed; a second run skips them.
+  300-pair copy of the shipped corpus): cells trained, translated, analysed; a second run skips them; a
+  larger budget continues a cell bit for bit; a learning curve of the same cell.
 """
 import json
 import math
@@ -15,7 +18,7 @@ import sys
 import pytest
 
 from fairseq_residual.schemes import SCHEME_NAMES
-from fairseq_residual.tools import claims
+from fairseq_residual.tools import claims, learning_curve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -118,12 +121,82 @@ def test_report_lists_every_scheme_with_mean_and_sd(tmp_path):
     assert (tmp_path / "claims.png").stat().st_size > 10_000
 
 
-def test_unknown_condition_is_refused():
+def test_ablation_rows_get_their_own_claims_label_and_cells():
+    cells = synthetic_grid()
+    row = claims.row_key("zeros")
+    assert row == "resi_dual+zeros" and claims.resolve(row) == ("resi_dual", "--resi-dual-start-from zeros")
+    for seed, jitter in ((1, 0.0), (2, 0.05), (3, -0.04)):  # x_d from zeros: 0.2 bits better than ResiDual
+        cells.append(fake_cell(row, "warm6", seed, 6.0 + jitter, 4.6))
+    by = {(r["scheme"], r["condition"], r["seed"]): r for r in cells}
+    found = {c["claim"]: c for c in claims.claims(by, ["warm6", "nowarm6", "warm12"])}
+    better = found["ablation: starting the dual stream from zeros instead of the embedding output improves "
+                   "ResiDual (valid_nll, warm6)"]
+    assert better["effect"]["verdict"] == "holds" and better["effect"]["mean"] == pytest.approx(-0.2)
+    vs_pre = found["ablation: ResiDual, x_d from 0 beats Pre-LN (valid_nll, warm6)"]
+    assert vs_pre["effect"]["mean"] == pytest.approx(-0.1) and vs_pre["effect"]["verdict"] == "holds"
+    # the ablation's cell is ResiDual's cell with one more model option, in a folder of its own
+    args = claims.build_parser().parse_args(["--ablations", "zeros"])
+    assert claims.grid_rows(args) == ["post_ln", "pre_ln", "resi_dual", row]
+    ns, depth = claims.cell_args(args, "warm6", 1, row)
+    assert ns.extra_train_args == "--resi-dual-start-from zeros" and depth == 6
+    assert claims.cell_args(args, "warm6", 1, "resi_dual")[0].extra_train_args == ""
+
+
+def test_claims_by_budget_table_has_one_column_per_budget():
+    early = {(r["scheme"], r["condition"], r["seed"]): r for r in synthetic_grid()}
+    late_cells = synthetic_grid()
+    for r in late_cells:  # later, ResiDual falls behind Pre-LN at 12 layers
+        if r["scheme"] == "resi_dual" and r["condition"] == "warm12":
+            r["stats"]["valid_nll_loss"] = 6.8 + 0.01 * r["seed"]
+    late = {(r["scheme"], r["condition"], r["seed"]): r for r in late_cells}
+    table = claims.claims_by_budget({1000: early, 4000: late}, ["warm6", "nowarm6", "warm12"])
+    header, _, *rows = table.splitlines()
+    assert header == "| claim | 1000 updates | 4000 updates |"
+    beats = next(r for r in rows if r.startswith("| at 12+12 layers, ResiDual beats Pre-LN (valid_nll)"))
+    assert "| holds: -0.30" in beats and "| does not hold: +0.52" in beats
+    fails = next(r for r in rows if r.startswith("| at 12+12 layers, Post-LN fails |"))
+    assert fails.count("holds (3/3 seeds diverged)") == 2
+
+
+def test_unknown_condition_or_ablation_is_refused():
     with pytest.raises(SystemExit):
         claims.build_parser().parse_args(["--conditions", "warm7"])
+    with pytest.raises(SystemExit):
+        claims.build_parser().parse_args(["--ablations", "ones"])
 
 
-def test_a_tiny_real_run_trains_translates_analyses_and_resumes(tmp_path):
+@pytest.mark.parametrize("values, tol, higher, expected", [
+    ([1.0, 2.0, 3.0, 3.9, 4.0, 4.1, 4.0], 0.5, True, 400),   # rises, then flat within 0.5 from update 400
+    ([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], 0.5, True, None),  # still rising at the end: no plateau
+    ([8.0, 7.0, 6.5, 6.3, 6.31, 6.29, 6.3], 0.05, False, 500),  # a loss: lower is better
+    ([1.0, None, 3.0, 3.1, 3.0, 3.05, 3.0], 0.5, True, 400),  # a missing point is skipped
+    ([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 6.1], 0.5, True, None),  # near the best for two points only
+    ([1.0, 2.0], 0.5, True, None),  # fewer than three points
+])
+def test_plateau(values, tol, higher, expected):
+    updates = [100 * (i + 1) for i in range(len(values))]
+    assert learning_curve.plateau(updates, values, tol, higher)[0] == expected
+
+
+def test_running_mean():
+    assert learning_curve.running_mean([1.0, 2.0, 6.0, None]) == [1.5, 3.0, 4.0, 6.0]
+
+
+def _model(path):
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False)["model"]
+
+
+def _same_weights(a, b):
+    wa, wb = _model(a), _model(b)
+    return wa.keys() == wb.keys() and all(bool((wa[k] == wb[k]).all()) for k in wa)
+
+
+def test_a_tiny_real_run_trains_translates_analyses_resumes_and_continues(tmp_path):
+    """One scheme, two conditions, one seed, 30 updates; the same command again skips both cells; 40
+    updates continue the warm6 cell, equal bit for bit to a cell trained to 40 at once; a learning curve
+    of the same cell has its checkpoints, and its model at 30 updates is the grid cell's at 30."""
     data = tmp_path / "corpus"
     data.mkdir()
     for split, n in (("train", 300), ("valid", 20), ("test", 20)):
@@ -131,14 +204,20 @@ def test_a_tiny_real_run_trains_translates_analyses_and_resumes(tmp_path):
             with open(os.path.join(ROOT, "data", "ding-de-en", f"{split}.{lang}"), encoding="utf-8") as f:
                 (data / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
     out = tmp_path / "study"
-    cmd = ["bash", os.path.join(ROOT, "scripts", "claims_study.sh"), "--data", str(data), "--out", str(out),
-           "--schemes", "post_ln", "--conditions", "warm6,nowarm6", "--seeds", "1", "--updates", "30",
-           "--warmup", "5", "--lr", "3e-3", "--width", "16", "--heads", "2", "--vocab-size", "200", "--bleu-sentences", "5",
-           "--max-tokens", "512", "--log-interval", "1"]
+    base = ["bash", os.path.join(ROOT, "scripts", "claims_study.sh"), "--data", str(data),
+            "--schemes", "post_ln", "--seeds", "1", "--warmup", "5", "--lr", "3e-3", "--width", "16",
+            "--heads", "2", "--vocab-size", "200", "--bleu-sentences", "5", "--max-tokens", "512",
+            "--log-interval", "1"]
+    cmd = base + ["--out", str(out), "--conditions", "warm6,nowarm6", "--updates", "30"]
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
                PYTHON=sys.executable, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    def run(args):
+        proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    run(cmd)
     saved = json.loads((out / "results.json").read_text())
     assert {(c["condition"], c["status"]) for c in saved["cells"]} == {("warm6", "ok"), ("nowarm6", "ok")}
     for cell in saved["cells"]:
@@ -146,7 +225,27 @@ def test_a_tiny_real_run_trains_translates_analyses_and_resumes(tmp_path):
         assert "--warmup-updates 1 " in cell["command"] if cell["condition"] == "nowarm6" else \
             "--warmup-updates 5 " in cell["command"]
     assert "without warm-up, Post-LN fails (6+6)" in (out / "results.md").read_text()
-    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert again.returncode == 0
-    assert again.stdout.count("finished earlier (ok), skipped") + again.stderr.count(
-        "finished earlier (ok), skipped") == 2
+    assert run(cmd).count("finished earlier (ok), skipped") == 2
+
+    # a larger budget continues the cell from its checkpoint at 30 updates
+    text = run(base + ["--out", str(out), "--conditions", "warm6", "--updates", "40"])
+    assert "training on from 30 updates to 40 updates" in text
+    (cell,) = json.loads((out / "results.json").read_text())["cells"]
+    cell_dir = out / "cells" / cell["cell"]
+    assert cell["budget"] == 40 and [g["updates"] for g in json.loads(
+        (cell_dir / "train_state.json").read_text())["segments"]] == [30, 40]
+    assert (cell_dir / "budgets" / "u30" / "result.json").exists()  # the earlier budget is kept
+    fresh = tmp_path / "fresh"
+    run(base + ["--out", str(fresh), "--conditions", "warm6", "--updates", "40"])
+    assert _same_weights(cell_dir / "budgets" / "u40" / "checkpoint.pt",
+                         fresh / "cells" / cell["cell"] / "budgets" / "u40" / "checkpoint.pt")
+
+    # the learning curve of the same cell: a checkpoint every 10 updates, each scored
+    run(base + ["--out", str(out), "--conditions", "warm6", "--updates", "30", "--learning-curve",
+                "--curve-every", "10"])
+    (curve,) = json.loads((out / "learning_curve.json").read_text())["curves"]
+    assert [p["updates"] for p in curve["points"]] == [10, 20, 30]
+    assert all(p["bleu"] is not None and p["valid_nll"] is not None for p in curve["points"])
+    assert _same_weights(out / "cells" / curve["cell"] / "budgets" / "u30" / "checkpoint.pt",
+                         cell_dir / "budgets" / "u30" / "checkpoint.pt")
+    assert "Where each metric stops moving" in (out / "learning_curve.md").read_text()

@@ -30,6 +30,7 @@ where it stopped; ``--report-only`` rebuilds the report.
 """
 import argparse
 import concurrent.futures
+import glob
 import math
 import os
 import statistics
@@ -37,7 +38,7 @@ import sys
 import time
 
 from .. import paper_results
-from . import depth_study
+from . import depth_study, learning_curve
 from .files import read_json, write_json
 from .report import COLORS, LABELS, ORDER, markdown_table
 from .runner import ToolError, loadavg, logger, run_logged, tool
@@ -53,13 +54,35 @@ CONDITIONS = {
     "nowarm12": (12, False),
 }
 NO_WARMUP_UPDATES = 1  # fairseq's inverse_sqrt divides by warmup_updates: 1 is "no warm-up"
-# The default budget of one cell: what lets every registered scheme x 3 conditions x 3 seeds finish within
-# 90 minutes on 2 cores, from the measured cost per update (docs/analysis.md, "The claims study", shows the
-# arithmetic). It measures early training; models that translate need the GPU grid (--device cuda).
-DEFAULT_UPDATES = 120
+#: the schemes of the grid when ``--schemes`` is not given: the three the paper's claims name
+CLAIM_SCHEMES = ("post_ln", "pre_ln", "resi_dual")
+#: ablations the grid can add as rows of their own (``--ablations``): name -> the scheme it changes,
+#: the model options that make it, a label, a colour, and what it tests
+ABLATIONS = {
+    "zeros": dict(
+        scheme="resi_dual", args="--resi-dual-start-from zeros", label="ResiDual, x_d from 0", color="tab:olive",
+        what="starting the dual stream from zeros instead of the embedding output",
+        why="with shared embeddings, LN(x_d) of an embedding-dominated x_d adds a copy of the input token's "
+            "embedding to the decoder output, i.e. a copy-the-previous-token term in the logits early in "
+            "training (the authors' code has the zeros line commented out)"),
+    "alpha_half": dict(
+        scheme="resi_dual", args="--encoder-resi-dual-alpha 0.5 --decoder-resi-dual-alpha 0.5",
+        label="ResiDual, alpha 0.5", color="tab:cyan",
+        what="weighting the Post-LN stream by alpha = 0.5 in the stack output",
+        why="the output alpha*x_a + LN(x_d) has about twice the variance of Pre-LN's LN(x) at alpha = 1"),
+}
+# The default recipe, chosen from measured learning curves (docs/analysis.md, "The claims study", shows
+# the curves and the arithmetic). lr 2e-3 is the largest peak learning rate probed (1e-3, 2e-3, 4e-3) at
+# which Post-LN, Pre-LN and ResiDual all learn with warm-up: at 4e-3 Post-LN stalls near the unigram loss.
+# BLEU on this corpus at width 64 still rises at 4000 updates, so the budget is not where BLEU stops
+# moving: 1000 updates is what lets 3 schemes x 3 conditions x 3 seeds finish within 90 minutes on 2 cores
+# (0.28 s per 6+6 update and 0.47 s per 12+12 update at one thread, two runs side by side, plus
+# translating 500 sentences per cell). A larger --updates continues every cell; --learning-curve measures.
+DEFAULT_UPDATES = 1000
 DEFAULT_MAX_TOKENS = 2048
-DEFAULT_WARMUP = 30
-DEFAULT_BLEU_SENTENCES = 200
+DEFAULT_WARMUP = 300
+DEFAULT_LR = 2e-3
+DEFAULT_BLEU_SENTENCES = 500
 
 #: two-sided 95% Student-t quantiles by degrees of freedom
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -103,31 +126,66 @@ def verdict(diffs, claimed_sign):
 
 
 # ------------------------------------------------------------------------------------------------
+# rows: the registered schemes and the ablations
+
+
+def row_key(name):
+    """The row of an ablation: ``<scheme>+<ablation>``."""
+    return f"{ABLATIONS[name]['scheme']}+{name}"
+
+
+def resolve(row):
+    """``(scheme, extra fairseq-train options)`` of a row (a scheme name or an ablation's row key)."""
+    if "+" in row:
+        a = ABLATIONS[row.split("+", 1)[1]]
+        return a["scheme"], a["args"]
+    return row, ""
+
+
+def row_label(row):
+    return ABLATIONS[row.split("+", 1)[1]]["label"] if "+" in row else LABELS[row]
+
+
+def row_color(row):
+    return ABLATIONS[row.split("+", 1)[1]]["color"] if "+" in row else COLORS[row]
+
+
+def grid_rows(args):
+    """The grid's rows: the schemes in the registry's order, then the ablations asked for."""
+    return [s for s in ORDER if s in args.schemes] + [row_key(a) for a in args.ablations]
+
+
+# ------------------------------------------------------------------------------------------------
 # cells
 
 
-def cell_args(args, condition, seed):
-    """The depth study's arguments for one cell of this study."""
+def cell_args(args, condition, seed, row=None):
+    """The depth study's arguments for one cell of this study (``row``: a scheme or an ablation's row,
+    whose model options are added to ``--extra-train-args``)."""
     depth, warm = CONDITIONS[condition]
     ns = argparse.Namespace(**vars(args))
     ns.warmup = args.warmup if warm else NO_WARMUP_UPDATES
     ns.seed = seed
     ns.depths = [depth]
+    if row is not None:
+        extra = resolve(row)[1]
+        ns.extra_train_args = " ".join(a for a in (args.extra_train_args, extra) if a)
     return ns, depth
 
 
-def analyze_cell(args, data, run_dir):
-    """``fairseq-residual-analyze`` on the cell's final checkpoint (cached in ``analysis/``): the
-    per-layer gradient ratio (layer 1 / top) and the cosine of the last two layer outputs, per stack."""
-    out = os.path.join(run_dir, "analysis")
+def analyze_cell(args, data, bdir):
+    """``fairseq-residual-analyze`` on the checkpoint of a cell's budget (cached in ``analysis/`` of the
+    budget's folder): the per-layer gradient ratio (layer 1 / top) and the cosine of the last two layer
+    outputs, per stack."""
+    out = os.path.join(bdir, "analysis")
     path = os.path.join(out, "analysis.json")
     report = read_json(path)
-    ckpt = os.path.join(run_dir, "checkpoint_last.pt")
+    ckpt = os.path.join(bdir, "checkpoint.pt")
     if report is None and os.path.exists(ckpt):
         cmd = [tool("fairseq-residual-analyze"), data["bin"], "--checkpoint", ckpt, "--subset", "valid",
                "--batches", str(args.analyze_batches), "--max-tokens", "2048", "--no-plots",
                "--output-dir", out, "--device", args.device]
-        rc, _ = run_logged(cmd, os.path.join(run_dir, "analyze.log"), args.threads)
+        rc, _ = run_logged(cmd, os.path.join(bdir, "analyze.log"), args.threads)
         report = read_json(path) if rc == 0 else None
     if not report:
         return None
@@ -139,14 +197,40 @@ def analyze_cell(args, data, run_dir):
                 cos_top_dec=cos["decoder"][-1] if cos["decoder"] else None)
 
 
-def run_one(args, demo, data, scheme, condition, seed):
-    ns, depth = cell_args(args, condition, seed)
-    result = depth_study.run_cell(ns, demo, data, scheme, depth, label=f"{scheme} {condition} seed {seed}")
-    run_dir = os.path.join(args.out, "cells", result["cell"])
+def run_one(args, demo, data, row, condition, seed):
+    ns, depth = cell_args(args, condition, seed, row)
+    scheme = resolve(row)[0]
+    result = depth_study.run_cell(ns, demo, data, scheme, depth, label=f"{row} {condition} seed {seed}")
+    bdir = depth_study.budget_dir(os.path.join(args.out, "cells", result["cell"]), result["budget"])
     if "diagnostics" not in result:
-        result["diagnostics"] = analyze_cell(args, data, run_dir)
-        write_json(os.path.join(run_dir, "result.json"), result)
-    return dict(result, scheme=scheme, condition=condition, seed=seed)
+        result["diagnostics"] = analyze_cell(args, data, bdir)
+        write_json(os.path.join(bdir, "result.json"), result)
+    return dict(result, scheme=row, condition=condition, seed=seed)
+
+
+def read_cell(args, data, row, condition, seed, updates=None):
+    """The result of one finished cell at ``updates`` (default ``--updates``), or None."""
+    ns, depth = cell_args(args, condition, seed, row)
+    if updates is not None:
+        ns.updates = updates
+    r = read_json(depth_study.result_path(ns, depth_study.cell_settings(ns, resolve(row)[0], depth, data)))
+    return dict(r, scheme=row, condition=condition, seed=seed) if r else None
+
+
+def budgets_of_grid(args, data, cells):
+    """The budgets (update counts) at which every cell of the grid has a result, increasing."""
+    common = None
+    for row, cond, seed in cells:
+        ns, depth = cell_args(args, cond, seed, row)
+        run_dir = depth_study.cell_dir(ns, depth_study.cell_settings(ns, resolve(row)[0], depth, data))
+        found = set()
+        for path in glob.glob(os.path.join(run_dir, "budgets", "u*", "result.json")):
+            try:
+                found.add(int(os.path.basename(os.path.dirname(path))[1:]))
+            except ValueError:
+                continue
+        common = found if common is None else common & found
+    return sorted(common or ())
 
 
 def cell_metrics(r):
@@ -228,6 +312,19 @@ def claims(by, conditions):
                 out.append(dict(claim=f"without warm-up, ResiDual loses less than Pre-LN ({metric}, "
                                 f"{depth}+{depth})", paper="-0.13 vs 2.84 BLEU" if depth == 6 else "-",
                                 effect=verdict(diff, claimed_sign=better), metric=metric))
+    for name, a in ABLATIONS.items():
+        row = row_key(name)
+        for cond in conditions:
+            if not (have(row, cond) and have(a["scheme"], cond)):
+                continue
+            for metric, better in (("valid_nll", -1), ("bleu", +1)):
+                d = _paired(by, (row, cond), (a["scheme"], cond), metric)
+                out.append(dict(claim=f"ablation: {a['what']} improves {LABELS[a['scheme']]} ({metric}, {cond})",
+                                paper="-", effect=verdict(d, claimed_sign=better), metric=metric, ablation=name))
+            if have("pre_ln", cond):
+                d = _paired(by, (row, cond), ("pre_ln", cond), "valid_nll")
+                out.append(dict(claim=f"ablation: {a['label']} beats Pre-LN (valid_nll, {cond})", paper="-",
+                                effect=verdict(d, claimed_sign=-1), metric="valid_nll", ablation=name))
     if "warm12" in conditions:
         if have("post_ln", "warm12"):
             n_div, n = _fails(by, "post_ln", "warm12")
@@ -266,7 +363,7 @@ def summary(results, schemes, conditions):
             n_div = sum(x["diverged"] for x in m)
             n_fail = sum(x["failed"] for x in m)
             depth, warm = CONDITIONS[cond]
-            paper = paper_results.paper_bleu("iwslt14", scheme, depth, warmup=warm)
+            paper = None if "+" in scheme else paper_results.paper_bleu("iwslt14", scheme, depth, warmup=warm)
             rows.append(dict(
                 condition=cond, scheme=scheme, seeds=len(cells), diverged=n_div, failed=n_fail,
                 valid_nll=_ms([x["valid_nll"] for x in m]), bleu=_ms([x["bleu"] for x in m]),
@@ -278,8 +375,46 @@ def summary(results, schemes, conditions):
     return rows
 
 
-def write_report(args, results, wall_s):
+def effect_text(c):
+    """One claim's measured effect: ``+0.123 ± 0.045 (95% CI, sd 0.018, n=3)``, or its count."""
+    if "effect" not in c:
+        return c["measured"]
+    e = c["effect"]
+    if e["mean"] is None:
+        return "-"
+    if e["ci"] is None:
+        return f"{e['mean']:+.3f} (n={e['n']})"
+    return f"{e['mean']:+.3f} ± {e['ci']:.3f} (95% CI, sd {e['sd']:.3f}, n={e['n']})"
+
+
+def claims_by_budget(by_budget, conditions):
+    """A Markdown table: one row per claim, one column per budget, each cell the verdict and the mean
+    difference with its 95% half-width (``by_budget``: ``{updates: {(row, condition, seed): result}}``)."""
+    budgets = sorted(by_budget)
+    found = {b: claims(by_budget[b], conditions) for b in budgets}
+    order = [c["claim"] for c in found[budgets[-1]]]
+    rows = []
+    for claim in order:
+        row = [claim]
+        for b in budgets:
+            c = next((x for x in found[b] if x["claim"] == claim), None)
+            if c is None:
+                row.append("-")
+            elif "effect" in c and c["effect"]["mean"] is not None:
+                e = c["effect"]
+                row.append(f"{c['effect']['verdict']}: {e['mean']:+.2f}" + (f" ± {e['ci']:.2f}" if e["ci"] else ""))
+            else:
+                row.append(f"{c.get('verdict', c['effect']['verdict'] if 'effect' in c else '-')}"
+                           + (f" ({c['measured']})" if "measured" in c else ""))
+        rows.append(row)
+    return markdown_table(["claim"] + [f"{b} updates" for b in budgets], rows, ["l"] + ["l"] * len(budgets))
+
+
+def write_report(args, results, wall_s, by_budget=None):
+    """``results.md`` / ``results.json`` / ``claims.png`` under ``args.out`` (``by_budget``: the same grid's
+    results at every budget it reached, for the claims-by-budget table). Returns the Markdown text."""
     schemes = [s for s in ORDER if any(r["scheme"] == s for r in results)]
+    schemes += sorted({r["scheme"] for r in results if "+" in r["scheme"]})
     conditions = [c for c in args.conditions if any(r["condition"] == c for r in results)]
     by = {(r["scheme"], r["condition"], r["seed"]): r for r in results}
     rows = summary(results, schemes, conditions)
@@ -304,7 +439,7 @@ def write_report(args, results, wall_s):
         markdown_table(
             ["condition", "scheme", "seeds", "diverged", "valid nll", "BLEU", "chrF", "grad L1/top enc / dec",
              "cos top enc / dec", "paper BLEU (IWSLT14)"],
-            [[r["condition"], LABELS[r["scheme"]], r["seeds"],
+            [[r["condition"], row_label(r["scheme"]), r["seeds"],
               f"{r['diverged']}" + (f" (+{r['failed']} failed)" if r["failed"] else ""), r["valid_nll"],
               r["bleu"], r["chrf"], r["grad"], r["cos"], r["paper"]] for r in rows]),
         "", paper_results.describe("iwslt14") or "", "",
@@ -314,18 +449,25 @@ def write_report(args, results, wall_s):
     ]
     for c in found:
         if "effect" in c:
-            e = c["effect"]
-            eff = "-" if e["mean"] is None else (f"{e['mean']:+.3f}" + (f" ± {e['ci']:.3f} (95% CI, sd "
-                                                                        f"{e['sd']:.3f}, n={e['n']})"
-                                                                        if e["ci"] is not None else f" (n={e['n']})"))
-            lines.append(f"- **{c['claim']}**: {e['verdict']}; measured difference {eff}; paper {c['paper']}.")
+            lines.append(f"- **{c['claim']}**: {c['effect']['verdict']}; measured difference {effect_text(c)}; "
+                         f"paper {c['paper']}.")
         else:
             lines.append(f"- **{c['claim']}**: {c['verdict']}; {c['measured']}; paper {c['paper']}.")
+    for name in args.ablations:
+        a = ABLATIONS[name]
+        lines.append(f"\nAblation `{name}` ({a['label']}, `{a['args']}`): {a['what']}; why: {a['why']}.")
+    if by_budget and len(by_budget) > 1 and claims(by_budget[max(by_budget)], conditions):
+        lines += ["", "## The claims at every budget the grid reached", "",
+                  "The same cells, measured after each budget (a larger `--updates` continues every cell from "
+                  "its last checkpoint). Each entry: verdict, mean paired difference ± half-width of its 95% "
+                  "interval (valid nll in bits, BLEU in points).", "",
+                  claims_by_budget(by_budget, conditions)]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as f:
         f.write(text)
     write_json(os.path.join(args.out, "results.json"),
-               dict(summary=rows, claims=found, cells=results, conditions=conditions, schemes=schemes))
+               dict(summary=rows, claims=found, cells=results, conditions=conditions, schemes=schemes,
+                    claims_by_budget={str(b): claims(by_budget[b], conditions) for b in (by_budget or {})}))
     plot(results, schemes, conditions, os.path.join(args.out, "claims.png"))
     return text
 
@@ -348,8 +490,8 @@ def plot(results, schemes, conditions, path):
                 n_div = sum(cell_metrics(r)["diverged"] for r in results
                             if r["scheme"] == scheme and r["condition"] == cond)
                 if m is not None:
-                    ax.bar(x, m, width, yerr=sd or 0, color=COLORS[scheme], capsize=2,
-                           label=LABELS[scheme] if j == 0 else None)
+                    ax.bar(x, m, width, yerr=sd or 0, color=row_color(scheme), capsize=2,
+                           label=row_label(scheme) if j == 0 else None)
                     ax.plot([x] * n, [v for v in vals if v is not None], "k.", markersize=3)
                 if n_div:
                     ax.text(x, 0, "×" * n_div, ha="center", va="bottom", color="black", fontsize=8)
@@ -370,23 +512,40 @@ def plot(results, schemes, conditions, path):
 def build_parser():
     p = argparse.ArgumentParser(
         prog="claims_study.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="The ResiDual paper's warm-up and depth claims tested in training: every registered "
-                    "scheme x conditions x seeds on the shipped Ding de->en corpus, mean and standard "
-                    "deviation per cell, one verdict per claim. Finished cells are skipped when run again.",
-        epilog="Cost: see docs/analysis.md (claims study) for the measured CPU-seconds per update and the "
-               "arithmetic of the default grid. GPU: --device cuda --width 256 --jobs 8 runs the cells side "
-               "by side on one GPU.")
+        description="The ResiDual paper's warm-up and depth claims tested in training: schemes x conditions x "
+                    "seeds on the shipped Ding de->en corpus, mean and standard deviation per cell, one verdict "
+                    "per claim. Finished cells are skipped when run again; a larger --updates continues every "
+                    "cell from its last checkpoint. --learning-curve measures where BLEU stops moving, the "
+                    "measurement the default budget comes from.",
+        epilog="Cost: see docs/analysis.md (claims study) for the learning curves, the measured CPU-seconds per "
+               "update and the arithmetic of the default grid. GPU: --device cuda --width 256 --jobs 8 runs the "
+               "cells side by side on one GPU.")
     p.add_argument("--conditions", type=_condition_list, default=["warm6", "nowarm6", "warm12"],
                    help=f"conditions to run, from {', '.join(CONDITIONS)} (default warm6,nowarm6,warm12)")
     p.add_argument("--seeds", type=depth_study.int_list, default=[1, 2, 3],
                    help="seeds per cell (default 1,2,3; at least 3 for a verdict worth reading)")
+    p.add_argument("--ablations", type=_ablation_list, default=[],
+                   help="ablation rows to add, comma-separated, from " + "; ".join(
+                       f"{k}: {a['what']} ({a['args']})" for k, a in ABLATIONS.items()) + " (default none)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu (default; one thread per run) or cuda (every run on one GPU, side by side)")
     p.add_argument("--analyze-batches", type=int, default=2,
                    help="valid batches for the end-of-training diagnostics (default 2)")
-    depth_study.add_cell_arguments(p, out=DEFAULT_OUT, updates=DEFAULT_UPDATES, max_tokens=DEFAULT_MAX_TOKENS,
-                                   warmup=DEFAULT_WARMUP, bleu_sentences=DEFAULT_BLEU_SENTENCES)
+    learning_curve.add_arguments(p)
+    depth_study.add_cell_arguments(
+        p, out=DEFAULT_OUT, updates=DEFAULT_UPDATES, max_tokens=DEFAULT_MAX_TOKENS, warmup=DEFAULT_WARMUP,
+        bleu_sentences=DEFAULT_BLEU_SENTENCES, lr=DEFAULT_LR, schemes=CLAIM_SCHEMES,
+        schemes_help="comma-separated residual schemes, or all for every registered one (default "
+                     f"{','.join(CLAIM_SCHEMES)}, the schemes the claims name)")
     return p
+
+
+def _ablation_list(text):
+    items = [t for t in text.split(",") if t]
+    bad = [t for t in items if t not in ABLATIONS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown ablation(s) {','.join(bad)}: choose from {', '.join(ABLATIONS)}")
+    return items
 
 
 def _condition_list(text):
@@ -403,38 +562,40 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     args.argv = argv
     try:
-        if args.device == "cuda":
-            args.device_args = ()
-        else:
-            args.device_args = ("--cpu",)
+        args.device_args = () if args.device == "cuda" else ("--cpu",)
         t0 = time.time()
         data = depth_study.start_study(args)
-        cells = [(s, c, k) for c in args.conditions for s in args.schemes for k in args.seeds]
+        if args.learning_curve:
+            text = learning_curve.main(args, depth_study.demo, data, cell_args, DEFAULT_UPDATES)
+            print("\n" + text)
+            log(f"wrote {os.path.join(args.out, 'learning_curve.md')}, learning_curve.json and learning_curve.png "
+                f"({(time.time() - t0) / 60:.1f} min)")
+            return 0
+        rows = grid_rows(args)
+        cells = [(r, c, k) for c in args.conditions for r in rows for k in args.seeds]
         if args.dry_run:
-            for s, c, k in cells:
-                ns, depth = cell_args(args, c, k)
-                st = depth_study.cell_settings(ns, s, depth, data)
-                print(depth_study.cell_dir(ns, st))
+            for r, c, k in cells:
+                ns, depth = cell_args(args, c, k, r)
+                st = depth_study.cell_settings(ns, resolve(r)[0], depth, data)
+                print(f"{r} {c} seed {k}: {depth_study.cell_dir(ns, st)}")
             return 0
         if args.report_only:
-            results = []
-            for s, c, k in cells:
-                ns, depth = cell_args(args, c, k)
-                r = read_json(os.path.join(depth_study.cell_dir(ns, depth_study.cell_settings(ns, s, depth, data)),
-                                           "result.json"))
-                if r:
-                    results.append(dict(r, scheme=s, condition=c, seed=k))
+            results = [r for r in (read_cell(args, data, *c) for c in cells) if r]
             if not results:
                 raise ToolError(f"no finished cell with these settings under {args.out}/cells")
         else:
-            log(f"{len(cells)} cells: {len(args.schemes)} schemes x conditions {','.join(args.conditions)} x "
-                f"seeds {','.join(map(str, args.seeds))}, {args.updates} updates each, {args.jobs} job(s)")
+            log(f"{len(cells)} cells: {', '.join(rows)} x conditions {','.join(args.conditions)} x seeds "
+                f"{','.join(map(str, args.seeds))}, {args.updates} updates each, {args.jobs} job(s)")
             order = sorted(cells, key=lambda c: -CONDITIONS[c[1]][0])  # deepest first packs jobs better
             with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
                 futures = {pool.submit(run_one, args, depth_study.demo, data, *c): c for c in order}
                 done = {futures[f]: f.result() for f in concurrent.futures.as_completed(futures)}
             results = [done[c] for c in cells]
-        text = write_report(args, results, time.time() - t0)
+        by_budget = {}
+        for b in budgets_of_grid(args, data, cells):
+            found = [read_cell(args, data, *c, updates=b) for c in cells]
+            by_budget[b] = {(r["scheme"], r["condition"], r["seed"]): r for r in found if r}
+        text = write_report(args, results, time.time() - t0, by_budget)
         print("\n" + text)
         log(f"wrote {os.path.join(args.out, 'results.md')}, results.json and claims.png "
             f"({(time.time() - t0) / 60:.1f} min)")
@@ -447,4 +608,4 @@ def main(argv=None):
     return 0
 
 
-__all__ = ["CONDITIONS", "claims", "main", "mean_sd", "verdict"]
+__all__ = ["ABLATIONS", "CLAIM_SCHEMES", "CONDITIONS", "claims", "main", "mean_sd", "verdict"]
