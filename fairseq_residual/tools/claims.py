@@ -7,8 +7,10 @@ Entry point: ``scripts/claims_study.sh`` (``--help`` for the options). The paper
   3 BLEU (6+6: 35.12 -> 32.28) and ResiDual is unaffected (35.63 -> 35.76);
 * **depth**: at 12+12 layers Post-LN fails while ResiDual beats Pre-LN (36.09 vs 35.18).
 
-This study trains every registered scheme (:data:`fairseq_residual.schemes.SCHEME_NAMES`, so schemes added
-later are picked up without edits) in the conditions those claims compare, each with several seeds, on the
+This study trains the schemes of ``--schemes`` (default :data:`CLAIM_SCHEMES`, the three the claims name;
+``all``: every registered scheme, :data:`fairseq_residual.schemes.SCHEME_NAMES`, so schemes added later are
+picked up without edits), plus the ablation rows of ``--ablations`` (:data:`ABLATIONS`), in the conditions
+those claims compare, each with several seeds, on the
 shipped Ding German-English corpus, with the depth study's cells (:mod:`.depth_study`: same data
 preparation, recipe, divergence rule and scoring), and adds the diagnostics of
 ``fairseq-residual-analyze`` on each final checkpoint (per-layer gradient ratio, last-layer cosine).
@@ -26,7 +28,8 @@ side, and is **inconclusive** otherwise. "Fails" means the project's divergence 
 Output (default ``runs/claims_study/``): ``data/`` (shared with nothing else), ``cells/`` (one folder per
 scheme x condition x seed, with the depth study's files plus ``analysis/analysis.json``), and
 ``results.md``, ``results.json``, ``claims.png``. Finished cells are skipped: an interrupted study resumes
-where it stopped; ``--report-only`` rebuilds the report.
+where it stopped; a larger ``--updates`` continues every cell; ``--report-only`` rebuilds the report;
+``--learning-curve`` measures where BLEU stops moving instead (:mod:`.learning_curve`).
 """
 import argparse
 import concurrent.futures
