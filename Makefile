@@ -28,7 +28,7 @@ $(STAMP): setup.py
 test: $(STAMP)
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
 
-# the in-process model tests only (marker `model`, see pytest.ini): no fairseq CLI runs, about a minute
+# the in-process model tests only (marker `model`, see pytest.ini): no fairseq CLI runs, under a minute
 test-fast: $(STAMP)
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m model tests $(PYTEST_ARGS)
 
