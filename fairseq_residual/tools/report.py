@@ -34,9 +34,9 @@ def markdown_table(header, rows, align=None):
 def _pyplot():
     import logging
 
+    # matplotlib logs its set-up and font search at DEBUG, from its import on
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     import matplotlib
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
