@@ -249,3 +249,51 @@ def test_a_tiny_real_run_trains_translates_analyses_resumes_and_continues(tmp_pa
     assert _same_weights(out / "cells" / curve["cell"] / "budgets" / "u30" / "checkpoint.pt",
                          cell_dir / "budgets" / "u30" / "checkpoint.pt")
     assert "Where each metric stops moving" in (out / "learning_curve.md").read_text()
+
+
+def test_a_killed_study_resumes_from_its_last_checkpoint_and_equals_the_uninterrupted_run(tmp_path):
+    """SIGKILL the whole study (the shell script, Python and fairseq-train) once a cell's training has saved
+    an intermediate checkpoint (--checkpoint-every 10); the same command resumes it from that checkpoint, not
+    from update 0, and the cell ends bit for bit equal to one trained without a kill."""
+    import glob
+    import signal
+    import time
+
+    data = tmp_path / "corpus"
+    data.mkdir()
+    for split, n in (("train", 300), ("valid", 20), ("test", 20)):
+        for lang in ("de", "en"):
+            with open(os.path.join(ROOT, "data", "ding-de-en", f"{split}.{lang}"), encoding="utf-8") as f:
+                (data / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
+    base = ["bash", os.path.join(ROOT, "scripts", "claims_study.sh"), "--data", str(data),
+            "--schemes", "pre_ln", "--seeds", "1", "--warmup", "5", "--lr", "3e-3", "--width", "16",
+            "--heads", "2", "--vocab-size", "200", "--bleu-sentences", "5", "--max-tokens", "512",
+            "--log-interval", "1", "--conditions", "warm6", "--updates", "60", "--jobs", "1"]
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+               PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(base + ["--out", str(out), "--checkpoint-every", "10"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while not glob.glob(str(out / "cells" / "*" / "checkpoint_*_*.pt")):
+        assert proc.poll() is None and time.time() < deadline, "no intermediate checkpoint before the end"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    (cell_dir,) = glob.glob(str(out / "cells" / "*"))
+    assert not os.path.exists(os.path.join(cell_dir, "train_state.json"))  # killed inside its first segment
+
+    resumed = subprocess.run(base + ["--out", str(out), "--checkpoint-every", "10"], env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    with open(os.path.join(cell_dir, "train-u60.log"), encoding="utf-8") as f:
+        log = f.read()
+    loaded = [int(n) for n in __import__("re").findall(r"Loaded checkpoint .*\(epoch \d+ @ (\d+) updates\)", log)]
+    assert loaded and loaded[-1] > 0  # the second fairseq-train started from the killed run's checkpoint
+
+    fresh = tmp_path / "fresh"
+    done = subprocess.run(base + ["--out", str(fresh)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    name = os.path.basename(cell_dir)  # --checkpoint-every is not a setting of the cell: same folder name
+    assert _same_weights(os.path.join(cell_dir, "budgets", "u60", "checkpoint.pt"),
+                         fresh / "cells" / name / "budgets" / "u60" / "checkpoint.pt")

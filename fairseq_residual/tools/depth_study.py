@@ -64,6 +64,11 @@ SCHEMES = ORDER
 SRC, TGT = "de", "en"
 
 
+#: a cell's training saves its checkpoint every this many updates by default (``--checkpoint-every``; not
+#: a setting of the cell: it changes no number), so that a killed study loses at most that many updates of
+#: each running cell
+CHECKPOINT_EVERY = 250
+
 StudyError = ToolError
 log = logger("depth-study")
 
@@ -155,12 +160,17 @@ def train_command(args, s, data_bin, run_dir):
         tool("fairseq-train"), data_bin, run_dir, s["scheme"], settings, args.user_dir, SRC, TGT,
         task="translation_with_grad_norms", task_args=("--log-grad-norm-interval", str(args.log_interval)),
         device_args=getattr(args, "device_args", ("--cpu",)),
-        # one checkpoint (with the optimizer's state, so that a larger budget continues the run) and one
-        # validation, at the end (validate/save intervals are in epochs), and with save_every a
-        # checkpoint (and fairseq's validation) every that many updates, all kept
+        # checkpoints with the optimizer's state (so that a larger budget continues the run) every
+        # --checkpoint-every updates, only the newest kept (a killed run resumes from it and loses at most
+        # that many updates), and at the end; with save_every one every that many updates, all kept.
+        # fairseq validates at every mid-epoch save (the valid nll of the log's learning curve); the
+        # epoch-based intervals are out of reach. Saving and validating do not change the run: fairseq
+        # seeds every update with seed + update number, and the task fixes the batches (tasks.py).
         save_args=("--save-interval", "100000", "--validate-interval", "100000")
         + (("--save-interval-updates", str(s["save_every"]), "--keep-interval-updates", "-1")
-           if s.get("save_every") else ()),
+           if s.get("save_every") else
+           ("--save-interval-updates", str(getattr(args, "checkpoint_every", CHECKPOINT_EVERY)),
+            "--keep-interval-updates", "1")),
         extra=shlex.split(s["extra_train_args"]))
 
 
@@ -278,7 +288,7 @@ def train_segment(args, s, data, run_dir, state, name):
     t0 = time.time()
     cmd = train_command(args, s, data["bin"], run_dir)
     log_path = os.path.join(run_dir, f"train-u{updates}.log")
-    rc, cpu = run_logged(cmd, log_path, args.threads)
+    rc, cpu = run_logged(cmd, log_path, args.threads, append=True)  # a resumed segment keeps the killed part
     with open(log_path, encoding="utf-8", errors="replace") as f:
         text = f.read()
     parsed = parse_log(log_path)
@@ -450,6 +460,10 @@ def add_cell_arguments(p, out, updates=300, max_tokens=4096, warmup=60, bleu_sen
     p.add_argument("--beam", type=int, default=4, help="beam size for BLEU (default 4)")
     p.add_argument("--log-interval", type=int, default=25,
                    help="fairseq log and per-layer grad-norm interval, updates (default 25)")
+    p.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY,
+                   help="save each cell's checkpoint (and validate) every N updates, so that a killed study "
+                        "resumes losing at most N updates per running cell (default %(default)s; changes no "
+                        "number: the cell is the same)")
     p.add_argument("--jobs", type=int, default=2,
                    help="cells trained at the same time (default 2: one per core of a 2-core machine)")
     p.add_argument("--threads", type=int, default=1,
@@ -472,8 +486,8 @@ def start_study(args):
     Raises:
         StudyError: an option out of range, naming it.
     """
-    if args.updates < 1 or args.jobs < 1 or args.bleu_sentences < 1:
-        raise StudyError("--updates, --jobs and --bleu-sentences must be >= 1")
+    if args.updates < 1 or args.jobs < 1 or args.bleu_sentences < 1 or args.checkpoint_every < 1:
+        raise StudyError("--updates, --jobs, --bleu-sentences and --checkpoint-every must be >= 1")
     if args.width % args.heads:
         raise StudyError(f"--width {args.width} is not divisible by --heads {args.heads}")
     args.out = os.path.abspath(args.out)

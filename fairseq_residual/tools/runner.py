@@ -154,11 +154,12 @@ def run(cmd, log_path=None, append=False, prefix="", show=SHOW_RE, stats=None, l
     return usage.ru_utime + usage.ru_stime
 
 
-def run_logged(cmd, log_path, threads):
-    """Run ``cmd`` with its output in ``log_path`` (nothing on the terminal, no error raised) and
-    ``threads`` OpenMP/MKL threads (0: torch's choice); return (exit status, CPU seconds it used)."""
+def run_logged(cmd, log_path, threads, append=False):
+    """Run ``cmd`` with its output in ``log_path`` (nothing on the terminal, no error raised; ``append``:
+    after what the file holds) and ``threads`` OpenMP/MKL threads (0: torch's choice); return (exit
+    status, CPU seconds it used)."""
     env = fairseq_env(threads)
-    with open(log_path, "w", encoding="utf-8") as lf:
+    with open(log_path, "a" if append else "w", encoding="utf-8") as lf:
         lf.write("$ " + quote(cmd) + "\n")
         lf.flush()
         proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env)
