@@ -8,6 +8,7 @@ that the encoder and decoder receive as ``cfg.residual_options``.
 import argparse
 
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, SCHEMES, SchemeOptions, get_scheme
+from .schemes.base import OptionError
 
 # fp16's largest finite value; anything summed in fp16 (ResiDual's dual stream x_d) must stay below it.
 FP16_MAX = 65504.0
@@ -45,18 +46,39 @@ def residual_defaults(args, scheme=DEFAULT_SCHEME):
 def residual_options(args) -> SchemeOptions:
     """Read and validate the residual options of a Namespace / DictConfig filled by ``residual_defaults``.
 
-    Every scheme's options are validated (an out-of-range value is an error whichever scheme is
-    selected); the selected scheme then checks the fairseq options it cannot honour.
+    Every scheme's options are validated against their declared ranges (an out-of-range value is an
+    error whichever scheme is selected); an option of another scheme than the selected one, set to
+    something else than its default, is refused the same way for every scheme; the stacks must have at
+    least one layer; the selected scheme then checks the fairseq options it cannot honour.
 
     Raises:
-        ValueError: unknown scheme, an option outside its range, or a fairseq option that contradicts
-            the scheme (e.g. ``--encoder-normalize-before`` with a Post-LN-type scheme), each naming the
-            flag and the fix.
+        ValueError: unknown scheme, a stack without layers, an option outside its range or of another
+            scheme (:class:`~fairseq_residual.schemes.base.OptionError`), or a fairseq option that
+            contradicts the scheme (e.g. ``--encoder-normalize-before`` with a Post-LN-type scheme), each
+            naming the flag and the fix.
     """
     selected = get_scheme(args.residual_scheme)
-    params = {s.name: s.options(args) for s in SCHEMES}
+    for stack in ("encoder", "decoder"):
+        layers = getattr(args, f"{stack}_layers", None)
+        if layers is None and hasattr(args, stack):  # a TransformerConfig: nested per-stack options
+            layers = getattr(getattr(args, stack), "layers", None)
+        if layers is not None and int(layers) < 1:
+            raise OptionError(
+                f"--{stack}-layers must be at least 1, got {layers}: every residual scheme needs a layer per "
+                f"stack (--{stack}-layers / model.{stack}_layers)"
+            )
+    for scheme in SCHEMES:
+        scheme.validate(args)
+    for scheme in SCHEMES:
+        given = scheme.given_options(args) if scheme is not selected else []
+        if given:
+            raise OptionError(
+                f"{', '.join(given)} {'is an option' if len(given) == 1 else 'are options'} of "
+                f"--residual-scheme {scheme.name}, but the scheme is {selected.name}: drop "
+                f"{' '.join(given)} or use --residual-scheme {scheme.name}"
+            )
     selected.check_args(args)
-    return SchemeOptions(scheme=selected.name, params=params[selected.name])
+    return SchemeOptions(scheme=selected.name, params=selected.options(args))
 
 
 def as_namespace(args):

@@ -1,62 +1,43 @@
 """Encoder and decoder of ``residual_transformer``: fairseq's stacks with a selectable residual scheme.
 
-The stacks know nothing about any particular scheme: they ask the scheme object
-(:mod:`fairseq_residual.schemes`) which layers to build, what to add to the stack after fairseq built it,
-and, for a scheme that needs one (ResiDual's dual stream, DLCL's layer history), for its own loop over the
-layers. Everything else is fairseq's :class:`TransformerEncoderBase` / :class:`TransformerDecoderBase`:
-a scheme that keeps fairseq's layers and loop (Post-LN, Pre-LN) is fairseq's transformer bit for bit
-(``tests/test_exactness.py``).
+Two kinds of stack, chosen by the scheme (:attr:`~fairseq_residual.schemes.base.ResidualScheme.fairseq_path`):
+
+* :class:`ResidualTransformerEncoder` / :class:`ResidualTransformerDecoder`: fairseq's
+  :class:`TransformerEncoderBase` / :class:`TransformerDecoderBase` with fairseq's own layers and forward
+  passes, untouched. Post-LN and Pre-LN run here and are fairseq's ``transformer`` bit for bit
+  (``tests/test_exactness.py``).
+* :class:`ProtocolEncoder` / :class:`ProtocolDecoder`: the one loop of every other scheme, over the layers
+  of :mod:`fairseq_residual.layers` and the residual protocol of :mod:`fairseq_residual.residual`: the
+  stack's :class:`~fairseq_residual.residual.StackResidual` (``encoder.residual``, ``decoder.residual``)
+  starts the state from the embedding output, passes it between layers and ends it; ``layer_norm`` is the
+  scheme's final LayerNorm (or None). fairseq's bookkeeping is kept: padding, ``return_all_hiddens``
+  (``encoder_states`` / ``inner_states`` hold the residual's :meth:`view` after each layer), the
+  alignment layer's attention averaged over heads, layer-drop, incremental decoding (fairseq's attention
+  caches, reordered by the inherited ``reorder_incremental_state``: the residual state is per position).
 
 Every stack stores its scheme in the buffer ``residual_scheme_id`` so that loading a checkpoint of
 another scheme fails with an error naming both; checkpoints of fairseq's stock ``transformer`` (no
 such buffer) load into the matching scheme (``post_ln`` without a final LayerNorm, ``pre_ln`` with one).
 """
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules import LayerNorm
 
-from .schemes import get_scheme, scheme_by_id
+from .residual import Site
+from .schemes import get_scheme, scheme_by_id, stock_scheme
 
 
 class SchemeMismatchError(ValueError):
     """A checkpoint of one residual scheme was loaded into a model of another."""
 
 
-class DecoderInputs(NamedTuple):
-    """What every decoder layer receives besides its input (fairseq's decoder-layer arguments).
-
-    Attributes:
-        encoder_out: S x B x C, or None.
-        encoder_padding_mask: B x S, True at padding, or None.
-        incremental_state: fairseq's decoding cache, or None.
-        self_attn_mask: T x T additive future mask, or None (incremental decoding).
-        self_attn_padding_mask: B x T, True at padding, or None.
-    """
-
-    encoder_out: Optional[Tensor]
-    encoder_padding_mask: Optional[Tensor]
-    incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]]
-    self_attn_mask: Optional[Tensor]
-    self_attn_padding_mask: Optional[Tensor]
-
-
-def wrap_layer(layer, cfg):
-    """Activation checkpointing and FSDP wrapping, as ``TransformerEncoderBase.build_encoder_layer``."""
-    checkpoint = cfg.checkpoint_activations
-    if checkpoint:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-    # if we are checkpointing, enforce that FSDP always wraps the checkpointed layer
-    min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
-    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
-
-
 class _ResidualStackMixin:
-    """What the encoder and the decoder share: the scheme object and the checkpoint check."""
+    """What every stack shares: the scheme object, its checkpoint id and the checkpoint check."""
 
     stack = "encoder"
 
@@ -67,21 +48,19 @@ class _ResidualStackMixin:
         self.register_buffer(
             "residual_scheme_id", torch.tensor(self.scheme.scheme_id, dtype=torch.long)
         )
-        self.scheme.init_stack(self, cfg)
 
     def upgrade_state_dict_named(self, state_dict, name):
-        """fairseq's upgrade, then the scheme check.
+        """fairseq's upgrade, the scheme's renames of older parameter names, then the scheme check.
 
         Raises:
             SchemeMismatchError: the state dict was saved by a model of another residual scheme.
         """
-        state_dict = super().upgrade_state_dict_named(state_dict, name)
         prefix = f"{name}." if name else ""
         key = prefix + "residual_scheme_id"
         if key in state_dict:
             saved = scheme_by_id(int(state_dict[key])).name
-        else:  # fairseq's stock transformer: Pre-LN iff it has a final LayerNorm
-            saved = "pre_ln" if prefix + "layer_norm.weight" in state_dict else "post_ln"
+        else:  # fairseq's stock transformer
+            saved = stock_scheme(prefix + "layer_norm.weight" in state_dict)
             state_dict[key] = torch.tensor(get_scheme(saved).scheme_id, dtype=torch.long)
         if saved != self.residual_scheme:
             raise SchemeMismatchError(
@@ -90,11 +69,19 @@ class _ResidualStackMixin:
                 f"--residual-scheme {saved} (model.residual_scheme={saved}), or train the "
                 f"'{self.residual_scheme}' model from scratch in a new --save-dir"
             )
-        return state_dict
+        self.scheme.upgrade_state_dict(state_dict, prefix, self.stack)
+        return super().upgrade_state_dict_named(state_dict, name)
+
+    def layer_view(self, output) -> Tuple[Tensor, Dict[str, Tensor]]:
+        """What a layer of this stack returned, as the analysis tool reads it: ``(hidden state T x B x C,
+        extra streams by name)``; fairseq's layers return the hidden state (decoder: first of a tuple)."""
+        if isinstance(output, tuple):
+            output = output[0]
+        return output, {}
 
 
 class ResidualTransformerEncoder(_ResidualStackMixin, TransformerEncoderBase):
-    """Transformer encoder with a selectable residual scheme (subclass of ``TransformerEncoderBase``).
+    """fairseq's Transformer encoder, for the schemes that are fairseq's own code (Post-LN, Pre-LN).
 
     Args:
         cfg: fairseq ``TransformerConfig`` with the attribute ``residual_options``
@@ -102,8 +89,7 @@ class ResidualTransformerEncoder(_ResidualStackMixin, TransformerEncoderBase):
         dictionary: source dictionary.
         embed_tokens: source embedding (``nn.Embedding``).
 
-    ``forward`` returns fairseq's encoder dict; ``encoder_out`` is T x B x C. For a scheme with its own
-    loop, ``encoder_states`` (``return_all_hiddens``) holds what that scheme calls a layer's output.
+    ``forward`` returns fairseq's encoder dict; ``encoder_out`` is T x B x C.
     """
 
     stack = "encoder"
@@ -112,13 +98,82 @@ class ResidualTransformerEncoder(_ResidualStackMixin, TransformerEncoderBase):
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
         self._init_residual(cfg)
 
-    def build_encoder_layer(self, cfg):
-        layer = get_scheme(cfg.residual_options.scheme).encoder_layer(cfg)
-        if layer is None:
-            return super().build_encoder_layer(cfg)
-        if self.return_fc:
+
+class ResidualTransformerDecoder(_ResidualStackMixin, TransformerDecoderBase):
+    """fairseq's Transformer decoder, for the schemes that are fairseq's own code (Post-LN, Pre-LN).
+
+    Args:
+        cfg: fairseq ``TransformerConfig`` with the attribute ``residual_options``.
+        dictionary: target dictionary.
+        embed_tokens: target embedding.
+        no_encoder_attn: build no encoder-decoder attention.
+    """
+
+    stack = "decoder"
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
+                         output_projection=output_projection)
+        self._init_residual(cfg)
+
+
+class _ProtocolStackMixin(_ResidualStackMixin):
+    """Building a stack of protocol layers: the layers with their sub-layers' residuals, the stack's
+    residual and final LayerNorm, declared by the scheme."""
+
+    def _build_protocol_layer(self, cfg, no_encoder_attn=False):
+        scheme = get_scheme(cfg.residual_options.scheme)
+        index = self._layers_built = getattr(self, "_layers_built", -1) + 1
+        stack = self.stack
+        kinds = ("self_attn", "ffn") if stack == "encoder" or no_encoder_attn else \
+            ("self_attn", "encoder_attn", "ffn")
+        layers = cfg.encoder.layers if stack == "encoder" else cfg.decoder.layers
+        embed_dim = cfg.encoder.embed_dim if stack == "encoder" else cfg.decoder.embed_dim
+        residuals = {
+            kind: scheme.sublayer_residual(cfg, Site(
+                stack=stack, kind=kind, layer=index, layers=layers, index=index * len(kinds) + j,
+                per_layer=len(kinds), embed_dim=embed_dim, encoder_layers=cfg.encoder.layers,
+                decoder_layers=cfg.decoder.layers))
+            for j, kind in enumerate(kinds)
+        }
+        if stack == "encoder":
+            layer = scheme.encoder_layer(cfg, residuals)
+        else:
+            layer = scheme.decoder_layer(cfg, residuals, no_encoder_attn)
+        # activation checkpointing is the layer's own (layers.py); FSDP wraps as fairseq does
+        return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
+
+    def _init_protocol(self, cfg, embed_dim):
+        self._init_residual(cfg)
+        scheme = self.scheme
+        self.residual = scheme.stack_residual(cfg, self.stack, len(self.layers), embed_dim)
+        eps = scheme.final_norm(cfg, self.stack)
+        self.layer_norm = None if eps is None else LayerNorm(embed_dim, eps=eps, export=cfg.export)
+
+    def layer_view(self, output) -> Tuple[Tensor, Dict[str, Tensor]]:
+        """``(residual.view(state), residual.streams(state))`` of the state a layer returned."""
+        state = output[0] if isinstance(output, tuple) else output
+        return self.residual.view(state), self.residual.streams(state)
+
+
+class ProtocolEncoder(_ProtocolStackMixin, TransformerEncoderBase):
+    """The encoder of every scheme that is not fairseq's own code: one loop over
+    :class:`~fairseq_residual.layers.ResidualEncoderLayer` with the scheme's residual state.
+
+    Args: as :class:`ResidualTransformerEncoder`. ``encoder_states`` (``return_all_hiddens``) holds the
+    embedding output and the residual's view after each layer.
+    """
+
+    stack = "encoder"
+
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
+        if return_fc:
             raise ValueError(f"return_fc is not supported with --residual-scheme {cfg.residual_options.scheme}")
-        return wrap_layer(layer, cfg)
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=False)
+        self._init_protocol(cfg, embed_tokens.embedding_dim)
+
+    def build_encoder_layer(self, cfg):
+        return self._build_protocol_layer(cfg)
 
     def forward_scriptable(
         self,
@@ -127,27 +182,36 @@ class ResidualTransformerEncoder(_ResidualStackMixin, TransformerEncoderBase):
         return_all_hiddens: bool = False,
         token_embeddings: Optional[torch.Tensor] = None,
     ):
-        """Encode ``src_tokens`` (B x T): fairseq's code, or the scheme's own layer loop.
+        """Encode ``src_tokens`` (B x T).
 
         Returns:
             dict as :meth:`TransformerEncoderBase.forward`: ``encoder_out`` [T x B x C],
             ``encoder_padding_mask`` [B x T], ``encoder_embedding`` [B x T x C],
             ``encoder_states``, ``src_lengths`` [B x 1].
         """
-        if not self.scheme.own_loop:
-            return super().forward_scriptable(
-                src_tokens, src_lengths, return_all_hiddens, token_embeddings
-            )
         encoder_padding_mask = src_tokens.eq(self.padding_idx)
-        has_pads = bool(encoder_padding_mask.any())
-
+        padding_mask: Optional[Tensor] = None
         x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
-        if has_pads:  # zero the padded positions, as fairseq does
+        if bool(encoder_padding_mask.any()):  # zero the padded positions, as fairseq does
             x = x * (1 - encoder_padding_mask.unsqueeze(-1).type_as(x))
+            padding_mask = encoder_padding_mask
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
-        x, encoder_states = self.scheme.encoder_loop(
-            self, x, encoder_padding_mask if has_pads else None, return_all_hiddens
-        )
+
+        encoder_states: List[Tensor] = []
+        if return_all_hiddens:
+            encoder_states.append(x)
+        state = self.residual.start(x)
+        for idx, layer in enumerate(self.layers):
+            state = layer(state, encoder_padding_mask=padding_mask)
+            if return_all_hiddens:
+                encoder_states.append(self.residual.view(state))
+            state = self.residual.between(idx, state)
+        x = self.residual.final_input(state)
+        if self.layer_norm is not None:
+            x = self.residual.finish(state, self.layer_norm(x))
+        else:
+            x = self.residual.finish(state, x)
+
         src_lengths = (
             src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
         )
@@ -162,44 +226,29 @@ class ResidualTransformerEncoder(_ResidualStackMixin, TransformerEncoderBase):
         }
 
 
-class ResidualTransformerDecoder(_ResidualStackMixin, TransformerDecoderBase):
-    """Transformer decoder with a selectable residual scheme (subclass of ``TransformerDecoderBase``).
+class ProtocolDecoder(_ProtocolStackMixin, TransformerDecoderBase):
+    """The decoder of every scheme that is not fairseq's own code: one loop over
+    :class:`~fairseq_residual.layers.ResidualDecoderLayer` with the scheme's residual state.
 
-    Args:
-        cfg: fairseq ``TransformerConfig`` with the attribute ``residual_options``.
-        dictionary: target dictionary.
-        embed_tokens: target embedding.
-        no_encoder_attn: build no encoder-decoder attention.
-
-    Incremental decoding (``fairseq-generate``) is fairseq's: the attention caches are reordered by the
-    inherited ``reorder_incremental_state``; a scheme with its own loop must keep every other state of a
-    step a function of that step's position alone (each scheme module says why it does).
+    Args: as :class:`ResidualTransformerDecoder`. ``inner_states`` holds the embedding output and the
+    residual's view after each layer.
     """
 
     stack = "decoder"
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
-        super().__init__(
-            cfg,
-            dictionary,
-            embed_tokens,
-            no_encoder_attn=no_encoder_attn,
-            output_projection=output_projection,
-        )
-        self._init_residual(cfg)
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
+                         output_projection=output_projection)
+        self._init_protocol(cfg, self.embed_dim)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = get_scheme(cfg.residual_options.scheme).decoder_layer(cfg, no_encoder_attn)
-        if layer is None:
-            return super().build_decoder_layer(cfg, no_encoder_attn)
-        return wrap_layer(layer, cfg)
+        return self._build_protocol_layer(cfg, no_encoder_attn)
 
-    def embed(self, prev_output_tokens, incremental_state=None):
-        """Token + position embedding after dropout, B x T x C (only the last step when incremental).
-
-        The embedding part of :meth:`TransformerDecoderBase.extract_features_scriptable`.
-        """
-        positions = None
+    def embed(self, prev_output_tokens, incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None):
+        """Token + position embedding after dropout, B x T x C (only the last step when incremental),
+        and the tokens it embedded: the embedding part of
+        :meth:`TransformerDecoderBase.extract_features_scriptable`."""
+        positions: Optional[Tensor] = None
         if self.embed_positions is not None:
             positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
         if incremental_state is not None:
@@ -227,19 +276,7 @@ class ResidualTransformerDecoder(_ResidualStackMixin, TransformerDecoderBase):
         alignment_layer: Optional[int] = None,
         alignment_heads: Optional[int] = None,
     ):
-        """Decoder features, B x T x C, and ``{"attn": [B x T x S or None], "inner_states": [...]}``.
-
-        fairseq's code, or the scheme's own layer loop between fairseq's embedding and output parts.
-        """
-        if not self.scheme.own_loop:
-            return super().extract_features_scriptable(
-                prev_output_tokens,
-                encoder_out,
-                incremental_state,
-                full_context_alignment,
-                alignment_layer,
-                alignment_heads,
-            )
+        """Decoder features, B x T x C, and ``{"attn": [B x T x S or None], "inner_states": [...]}``."""
         if alignment_layer is None:
             alignment_layer = self.num_layers - 1
         enc: Optional[Tensor] = None
@@ -255,14 +292,35 @@ class ResidualTransformerDecoder(_ResidualStackMixin, TransformerDecoderBase):
         self_attn_padding_mask: Optional[Tensor] = None
         if prev_output_tokens.eq(self.padding_idx).any():
             self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
-        self_attn_mask = None
+        self_attn_mask: Optional[Tensor] = None
         if incremental_state is None and not full_context_alignment:
             self_attn_mask = self.buffered_future_mask(x)
 
-        inputs = DecoderInputs(enc, padding_mask, incremental_state, self_attn_mask, self_attn_padding_mask)
-        x, attn, inner_states = self.scheme.decoder_loop(self, x, inputs, alignment_layer)
+        attn: Optional[Tensor] = None
+        inner_states: List[Optional[Tensor]] = [x]
+        state = self.residual.start(x)
+        for idx, layer in enumerate(self.layers):
+            state, layer_attn = layer(
+                state,
+                enc,
+                padding_mask,
+                incremental_state,
+                self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask,
+                need_attn=bool(idx == alignment_layer),
+                need_head_weights=bool(idx == alignment_layer),
+            )
+            inner_states.append(self.residual.view(state))
+            if layer_attn is not None and idx == alignment_layer:
+                attn = layer_attn.float().to(x)
+            state = self.residual.between(idx, state)
+        x = self.residual.final_input(state)
+        if self.layer_norm is not None:
+            x = self.residual.finish(state, self.layer_norm(x))
+        else:
+            x = self.residual.finish(state, x)
+
         if attn is not None:
-            attn = attn.float().to(x)
             if alignment_heads is not None:
                 attn = attn[:alignment_heads]
             attn = attn.mean(dim=0)  # average over heads

@@ -25,6 +25,12 @@ and for each of the first five and every registered scheme ``<preset>_<scheme>``
 ``_pre_ln``, ``_resi_dual``, ...), which fix the default scheme (an explicit ``--residual-scheme`` still wins, as any explicit option does
 over a fairseq preset). Without a suffix the scheme defaults to ``resi_dual``.
 """
+import copy
+from typing import Optional
+
+from torch import Tensor
+
+import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer.transformer_legacy import (
@@ -36,18 +42,25 @@ from fairseq.models.transformer.transformer_legacy import (
 
 from . import checkpoint_compat  # noqa: F401  (torch>=2.6 loading of fairseq checkpoints)
 from .config import add_residual_args, as_namespace, residual_defaults, residual_options
-from .encoder_decoder import ResidualTransformerDecoder, ResidualTransformerEncoder
+from .encoder_decoder import (
+    ProtocolDecoder,
+    ProtocolEncoder,
+    ResidualTransformerDecoder,
+    ResidualTransformerEncoder,
+)
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, get_scheme
 
 MODEL_NAME = "residual_transformer"
 
 
 def _transformer_config(args):
-    """fairseq ``TransformerConfig`` of ``args`` plus the validated ``residual_options``."""
+    """fairseq ``TransformerConfig`` of ``args`` plus the validated ``residual_options`` (those
+    :meth:`ResidualTransformerModel.build_model` validated once, when it is the caller)."""
     if not isinstance(args, TransformerConfig):
         args = as_namespace(args)
+    validated = getattr(args, "_residual_options", None)
     cfg = TransformerConfig.from_namespace(args)
-    cfg.residual_options = residual_options(cfg)
+    cfg.residual_options = validated if validated is not None else residual_options(cfg)
     return cfg
 
 
@@ -79,23 +92,90 @@ class ResidualTransformerModel(TransformerModel):
         """
         args = as_namespace(args)
         residual_defaults(args)
-        scheme = get_scheme(residual_options(args).scheme)
+        options = residual_options(args)  # validated once per build (the stacks reuse it)
+        scheme = get_scheme(options.scheme)
         # The scheme decides LayerNorm placement: fairseq's normalize_before for Pre-LN-type schemes.
         args.encoder_normalize_before = args.decoder_normalize_before = scheme.normalize_before
-        model = super().build_model(args, task)
+        args._residual_options = options
+        try:
+            model = super().build_model(args, task)
+        finally:
+            del args._residual_options  # never saved with the checkpoint's args
         scheme.initialize(model, args)
+        model.training_hook_pending = scheme.needs_training_hook
         return model
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        return ResidualTransformerEncoder(_transformer_config(args), src_dict, embed_tokens)
+        cfg = _transformer_config(args)
+        stack = ResidualTransformerEncoder if get_scheme(cfg.residual_options.scheme).fairseq_path else ProtocolEncoder
+        return stack(cfg, src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = _transformer_config(args)
-        return ResidualTransformerDecoder(
-            cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention
+        stack = ResidualTransformerDecoder if get_scheme(cfg.residual_options.scheme).fairseq_path else ProtocolDecoder
+        return stack(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+    #: True until the scheme's training hook (:meth:`ResidualScheme.training_hook`) ran on the first
+    #: training batch; False for schemes without one
+    training_hook_pending: bool = False
+
+    def forward(
+        self,
+        src_tokens,
+        src_lengths,
+        prev_output_tokens,
+        return_all_hiddens: bool = True,
+        features_only: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+    ):
+        """fairseq's ``TransformerModelBase.forward`` (encoder, then decoder; B x T x V logits and the
+        extras dict), after the scheme's training hook on the first training batch (Admin's profiling).
+        Written out because TorchScript compiles no ``super()`` call."""
+        if self.training_hook_pending:
+            self._before_first_forward(src_tokens, src_lengths, prev_output_tokens)
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
+        decoder_out = self.decoder(
+            prev_output_tokens,
+            encoder_out=encoder_out,
+            features_only=features_only,
+            alignment_layer=alignment_layer,
+            alignment_heads=alignment_heads,
+            src_lengths=src_lengths,
+            return_all_hiddens=return_all_hiddens,
         )
+        return decoder_out
+
+    @torch.jit.unused
+    def _before_first_forward(self, src_tokens: Tensor, src_lengths: Tensor, prev_output_tokens: Tensor) -> None:
+        """The scheme's training hook on the first training batch; in eval mode before it, the scheme's
+        warning (an Admin model that was never profiled)."""
+        scheme = self.encoder.scheme
+        if not self.training:
+            scheme.warn_before_hook(self)
+            return
+        self.training_hook_pending = False  # the hook's own forward passes must not re-enter it
+        scheme.training_hook(self, dict(src_tokens=src_tokens, src_lengths=src_lengths,
+                                        prev_output_tokens=prev_output_tokens))
+
+    def __prepare_scriptable__(self):
+        """What ``torch.jit.script`` compiles: this model without a pending training hook (a scripted model
+        is for inference; the eager model keeps its hook)."""
+        if not self.training_hook_pending:
+            return self
+        self.encoder.scheme.warn_before_hook(self)
+        scriptable = copy.copy(self)  # shares every module and parameter
+        scriptable.training_hook_pending = False
+        return scriptable
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """fairseq's load; a scheme whose training hook has nothing left to do (a resumed, profiled Admin
+        model) runs it once more on the next training batch, which only logs that."""
+        result = super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+        self.training_hook_pending = self.encoder.scheme.needs_training_hook
+        return result
 
     @property
     def residual_scheme(self):
@@ -146,12 +226,14 @@ def residual_wmt_en_de(args, scheme=DEFAULT_SCHEME):
 
 def residual_opus100(args, scheme=DEFAULT_SCHEME):
     """OPUS-100 as in the ResiDual authors' YAML: 512 / 2048 / 8, dropout .1/.1/.1, decoder input and
-    output embeddings shared (not the encoder's), dual-stream scale c = 0.05 (their fp16 setting)."""
+    output embeddings shared (not the encoder's), and for ResiDual the dual-stream scale c = 0.05 (their
+    fp16 setting; another scheme keeps ResiDual's options at their defaults)."""
     _dims(args, 512, 2048, 8)
     _dropouts(args, 0.1, 0.1, 0.1)
     args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", True)
-    if getattr(args, "resi_dual_scale", None) is None:  # an explicit value, 0 included, is validated
-        args.resi_dual_scale = 0.05
+    selected = getattr(args, "residual_scheme", None) or scheme
+    if selected == "resi_dual" and getattr(args, "resi_dual_scale", None) is None:
+        args.resi_dual_scale = 0.05  # an explicit value, 0 included, is validated
     residual_base_architecture(args, scheme)
 
 

@@ -20,8 +20,12 @@ TOL = 1e-5
 EPS = 1e-5
 FLAGS = ["--residual-scheme", "admin", "--encoder-layers", 3, "--decoder-layers", 2]
 NO_DROPOUT = ["--dropout", 0, "--attention-dropout", 0, "--activation-dropout", 0]
-ENC_NAMES = ("attention_ratio_change", "fc_ratio_change")
-DEC_NAMES = ("self_ratio_change", "encoder_ratio_change", "fc_ratio_change")
+ENC_NAMES = ("self_attn", "ffn")  # the sub-layers whose residual holds an omega
+DEC_NAMES = ("self_attn", "encoder_attn", "ffn")
+
+
+def omega_of(layer, kind):
+    return getattr(layer, f"{kind}_residual").omega
 
 
 def ref_admin(model, src, prev, omega=None, profile=False):
@@ -46,7 +50,7 @@ def ref_admin(model, src, prev, omega=None, profile=False):
                 (w * x).double().var(unbiased=False).item() + h.double().var(unbiased=False).item()
             )
         else:
-            w = omega(stack, i, name) if omega is not None else getattr(layer, name)
+            w = omega(stack, i, name) if omega is not None else omega_of(layer, name)
         return w * x + h
 
     x = enc.embed_scale * enc.embed_tokens(src) + enc.embed_positions(src)
@@ -84,13 +88,13 @@ def test_admin_matches_reference():
         for name, p in model.named_parameters():
             if "layer_norm" in name:
                 p.add_(0.3 * torch.randn_like(p))
-            elif name.endswith("ratio_change"):  # random, non-uniform omegas per dimension
+            elif name.endswith(".omega"):  # random, non-uniform omegas per dimension
                 p.copy_(0.5 + 2 * torch.rand_like(p))
         for stack in (model.encoder, model.decoder):
-            stack.admin_profiled.fill_(1)
-    names = {n for n, p in model.named_parameters() if n.endswith("ratio_change") and p.requires_grad}
-    assert names == {f"encoder.layers.{i}.{n}" for i in range(3) for n in ENC_NAMES} | {
-        f"decoder.layers.{i}.{n}" for i in range(2) for n in DEC_NAMES
+            stack.residual.profiled.fill_(1)
+    names = {n for n, p in model.named_parameters() if n.endswith(".omega") and p.requires_grad}
+    assert names == {f"encoder.layers.{i}.{n}_residual.omega" for i in range(3) for n in ENC_NAMES} | {
+        f"decoder.layers.{i}.{n}_residual.omega" for i in range(2) for n in DEC_NAMES
     }
     src, lengths, prev, _ = random_batch(d, bsz=5)
     assert src.eq(d.pad()).any() and prev.eq(d.pad()).any(), "the batch must contain padding"
@@ -112,13 +116,13 @@ def test_profile_equals_reference_recursion(caplog):
     model, _, _ = build_model("residual_transformer_tiny", *FLAGS, *NO_DROPOUT, dictionary=d)
     src, lengths, prev, _ = random_batch(d, bsz=5)
     for stack in (model.encoder, model.decoder):
-        assert int(stack.admin_profiled) == 0
+        assert int(stack.residual.profiled) == 0
     # eval mode before profiling: a warning, omegas untouched
     with caplog.at_level(logging.WARNING, logger=admin_scheme.__name__):
         with torch.no_grad():
             log_probs(model, src, lengths, prev)
     assert "used in eval mode before it was profiled" in caplog.text
-    assert all(torch.all(p == 1) for n, p in model.named_parameters() if n.endswith("ratio_change"))
+    assert all(torch.all(p == 1) for n, p in model.named_parameters() if n.endswith(".omega"))
 
     model.train()  # the first training forward profiles this batch, then runs the normal forward
     with caplog.at_level(logging.INFO, logger=admin_scheme.__name__):
@@ -126,14 +130,14 @@ def test_profile_equals_reference_recursion(caplog):
     _, _, expected = ref_admin(model, src, prev, profile=True)
     for stack, names in (("encoder", ENC_NAMES), ("decoder", DEC_NAMES)):
         s = getattr(model, stack)
-        assert int(s.admin_profiled) == 1
-        profile = s.admin_profile.tolist()
+        assert int(s.residual.profiled) == 1
+        profile = s.residual.profile.tolist()
         assert len(profile) == len(names) * len(s.layers) == len(expected[stack])
         assert profile[0] == 1.0
         assert all(b > a for a, b in zip(profile, profile[1:]))  # variances accumulate
         for got, want in zip(profile, expected[stack]):
             assert abs(got - want) <= 1e-5 * want
-        omegas = [getattr(layer, n) for layer in s.layers for n in names]
+        omegas = [omega_of(layer, n) for layer in s.layers for n in names]
         for omega, r in zip(omegas, profile):
             assert torch.allclose(omega, torch.full_like(omega, r))  # all d entries = the scalar
     lines = [r.getMessage() for r in caplog.records if "profiled on the first training batch" in r.getMessage()]
@@ -144,9 +148,9 @@ def test_profile_equals_reference_recursion(caplog):
     assert (lp_train - lp_ref)[prev.ne(d.pad())].abs().max().item() <= TOL
     # a second training forward does not re-profile
     with torch.no_grad():
-        model.encoder.layers[0].attention_ratio_change.fill_(7.0)
+        omega_of(model.encoder.layers[0], "self_attn").fill_(7.0)
     log_probs(model, src, lengths, prev)
-    assert torch.all(model.encoder.layers[0].attention_ratio_change == 7.0)
+    assert torch.all(omega_of(model.encoder.layers[0], "self_attn") == 7.0)
 
 
 @pytest.mark.model
@@ -157,7 +161,7 @@ def test_profile_file_roundtrip_and_errors(tmp_path):
     src, lengths, prev, _ = random_batch(d, bsz=5)
     log_probs(model, src, lengths, prev)
     path = tmp_path / "profile.ratio.init"
-    admin_scheme.write_profile(path, model.encoder.admin_profile.tolist(), model.decoder.admin_profile.tolist())
+    admin_scheme.write_profile(path, model.encoder.residual.profile.tolist(), model.decoder.residual.profile.tolist())
     lines = path.read_text().splitlines()
     assert [int(line.split()[0]) for line in lines] == [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]
 
@@ -165,14 +169,14 @@ def test_profile_file_roundtrip_and_errors(tmp_path):
     other, _, _ = build_model("residual_transformer_tiny", *FLAGS, *NO_DROPOUT, "--admin-profile", path,
                               dictionary=d)
     for stack in ("encoder", "decoder"):
-        assert torch.equal(getattr(other, stack).admin_profile, getattr(model, stack).admin_profile)
-        assert int(getattr(other, stack).admin_profiled) == 1
-    assert torch.equal(other.decoder.layers[1].encoder_ratio_change, model.decoder.layers[1].encoder_ratio_change)
+        assert torch.equal(getattr(other, stack).residual.profile, getattr(model, stack).residual.profile)
+        assert int(getattr(other, stack).residual.profiled) == 1
+    assert torch.equal(omega_of(other.decoder.layers[1], "encoder_attn"), omega_of(model.decoder.layers[1], "encoder_attn"))
     other.train()
     with torch.no_grad():
-        other.decoder.layers[0].fc_ratio_change.fill_(3.0)
+        omega_of(other.decoder.layers[0], "ffn").fill_(3.0)
     log_probs(other, src, lengths, prev)
-    assert torch.all(other.decoder.layers[0].fc_ratio_change == 3.0)
+    assert torch.all(omega_of(other.decoder.layers[0], "ffn") == 3.0)
 
     # a profile of another depth is refused, naming the depth it fits and the fix
     with pytest.raises(ValueError) as err:
@@ -194,7 +198,7 @@ def test_profile_file_roundtrip_and_errors(tmp_path):
     m.train()
     with pytest.raises(FileNotFoundError, match=r"nope.init: no such file; drop --admin-profile"):
         log_probs(m, src, lengths, prev)
-    assert int(m.encoder.admin_profiled) == 0
+    assert int(m.encoder.residual.profiled) == 0
     # --admin-profile with another scheme is refused
     with pytest.raises(ValueError, match="--admin-profile is an option of --residual-scheme admin"):
         build_model("residual_transformer_tiny", "--residual-scheme", "post_ln", "--admin-profile", path,
@@ -234,20 +238,20 @@ def test_cli_train_resume_generate_and_profile_file(tiny_data_bin, tmp_path):
     assert len(re.findall(profiled, log)) == 2
     first = load(save / "checkpoint_last.pt")
     assert int(first["encoder.residual_scheme_id"]) == 4
-    assert int(first["encoder.admin_profiled"]) == 1 and int(first["decoder.admin_profiled"]) == 1
-    profile = {s: first[f"{s}.admin_profile"] for s in ("encoder", "decoder")}
+    assert int(first["encoder.residual.profiled"]) == 1 and int(first["decoder.residual.profiled"]) == 1
+    profile = {s: first[f"{s}.residual.profile"] for s in ("encoder", "decoder")}
     assert profile["encoder"].numel() == 4 and profile["decoder"].numel() == 6 and profile["encoder"][0] == 1
 
     # resume to 4 updates: not re-profiled, and the log says so
     log = train(data_bin, save, max_update=4).stdout
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 2 updates\)", log)
     assert "profiled on the first training batch" not in log
-    assert "Admin omegas already profiled (admin_profiled=1, from the checkpoint" in log
+    assert "Admin omegas already profiled (profiled=1, from the checkpoint" in log
     second = load(save / "checkpoint_last.pt")
     for s in ("encoder", "decoder"):
-        assert torch.equal(second[f"{s}.admin_profile"], profile[s])
+        assert torch.equal(second[f"{s}.residual.profile"], profile[s])
     # omegas are trainable: they moved away from the profile
-    name = "encoder.layers.1.fc_ratio_change"
+    name = "encoder.layers.1.ffn_residual.omega"
     assert not torch.allclose(second[name], first[name])
 
     gen = run_cli(["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
@@ -266,7 +270,7 @@ def test_cli_train_resume_generate_and_profile_file(tiny_data_bin, tmp_path):
     assert f"Admin omegas read from --admin-profile {out}" in log
     assert "profiled on the first training batch" not in log
     third = load(tmp_path / "from_file" / "checkpoint_last.pt")
-    assert torch.allclose(third["decoder.admin_profile"], profile["decoder"])
+    assert torch.allclose(third["decoder.residual.profile"], profile["decoder"])
 
     # the user errors, through the CLI
     proc = train(data_bin, tmp_path / "deep", "--admin-profile", out, "--encoder-layers", 3, max_update=1,
@@ -289,9 +293,9 @@ DIST_WRAPPER = textwrap.dedent(
     rank = os.environ["RANK"]
     profile_model = admin.profile_model
 
-    def recording_profile_model(model, args, kwargs):
-        profile_model(model, args, kwargs)
-        torch.save({s: getattr(model, s).admin_profile.clone() for s in ("encoder", "decoder")},
+    def recording_profile_model(model, net_input):
+        profile_model(model, net_input)
+        torch.save({s: getattr(model, s).residual.profile.clone() for s in ("encoder", "decoder")},
                    f"{out}/local_profile.{rank}.pt")
 
     admin.profile_model = recording_profile_model
@@ -309,7 +313,7 @@ DIST_WRAPPER = textwrap.dedent(
     cli_main()
     model = trainers[0].get_model()
     torch.save({n: t.detach().clone() for n, t in model.state_dict().items()
-                if "ratio_change" in n or "admin_profile" in n}, f"{out}/final.{rank}.pt")
+                if n.endswith(".omega") or ".residual.profile" in n}, f"{out}/final.{rank}.pt")
     """
 )
 
@@ -337,4 +341,4 @@ def test_two_process_gloo_run_uses_one_profile(tiny_data_bin, tmp_path):
         assert torch.equal(value, final[1][name]), name
         assert torch.equal(value, ckpt[name]), name
     for s in ("encoder", "decoder"):  # the one profile is rank 0's
-        assert torch.equal(final[0][f"{s}.admin_profile"], local[0][s])
+        assert torch.equal(final[0][f"{s}.residual.profile"], local[0][s])

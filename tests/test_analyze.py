@@ -191,7 +191,7 @@ def direct(data, scheme):
                 cos[s][i][0] += total
                 cos[s][i][1] += count
             if scheme == "resi_dual":  # x_d = c * embedding + c * (every sub-layer output so far)
-                c = stacks[s].dual_scale
+                c = stacks[s].residual.dual_scale
                 x_d, xds = states[s][0].detach() * c, []
                 for i in range(LAYERS):
                     for m in subs[s]:

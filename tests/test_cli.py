@@ -106,7 +106,7 @@ def test_bad_flags_give_clear_errors(tiny_data_bin, tmp_path):
     _, data_bin = tiny_data_bin
     proc = train(data_bin, tmp_path / "a", "--arch", "residual_transformer_tiny", "--resi-dual-scale", "0",
                  check=False)
-    assert proc.returncode != 0 and "--resi-dual-scale) must be in (0, 1], got 0.0" in proc.stdout
+    assert proc.returncode != 0 and "--resi-dual-scale (model.resi_dual_scale) must be in [0.01, 1]" in proc.stdout
     proc = train(data_bin, tmp_path / "b", "--arch", "residual_transformer_tiny", "--residual-scheme", "preln",
                  check=False)
     assert proc.returncode != 0 and "invalid choice: 'preln'" in proc.stdout
@@ -185,31 +185,39 @@ def test_hydra_train_applies_preset_and_generates(tiny_data_bin, tmp_path):
 
 
 def test_activation_checkpointing_trains_resi_dual(tiny_data_bin, tmp_path, monkeypatch):
-    """--checkpoint-activations wraps every layer in fairseq's checkpoint wrapper and the training step
-    goes through its CheckpointFunction (in-process); then the CLI trains with it."""
+    """--checkpoint-activations: every layer of a protocol scheme runs its forward under torch's
+    non-reentrant checkpoint (in-process: the calls are counted, and the gradients equal those without
+    checkpointing); then the CLI trains with it."""
+    import torch.utils.checkpoint
+
     from conftest import build_model, make_dictionary, random_batch
-    from fairseq.modules import checkpoint_activations
 
     calls = []
+    real = torch.utils.checkpoint.checkpoint
 
-    class CountingCheckpointFunction(checkpoint_activations.CheckpointFunction):
-        @classmethod
-        def apply(cls, *args):
-            calls.append(args[0])
-            return super().apply(*args)
+    def counting(fn, *args, **kwargs):
+        calls.append(fn)
+        return real(fn, *args, **kwargs)
 
-    monkeypatch.setattr(checkpoint_activations, "CheckpointFunction", CountingCheckpointFunction)
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", counting)
     d = make_dictionary()
+    src, lengths, prev, _ = random_batch(d)
+    grads = []
     for flags, wrapped in (((), False), (("--checkpoint-activations",), True)):
+        torch.manual_seed(1)
         model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", "resi_dual", *flags,
                                   dictionary=d)
         layers = list(model.encoder.layers) + list(model.decoder.layers)
-        assert [hasattr(layer, "precheckpoint_forward") for layer in layers] == [wrapped] * len(layers)
+        assert [layer.checkpoint_activations for layer in layers] == [wrapped] * len(layers)
         model.train()
-        src, lengths, prev, _ = random_batch(d)
         calls.clear()
+        torch.manual_seed(2)  # the same dropout masks in both runs
         model(src, lengths, prev)[0].sum().backward()
         assert len(calls) == (len(layers) if wrapped else 0)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], msg=name)
 
     _, data_bin = tiny_data_bin
     log = train(data_bin, tmp_path / "ckpt", "--arch", "residual_transformer_tiny", "--checkpoint-activations",

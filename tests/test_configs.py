@@ -45,10 +45,10 @@ PAPER = {
         "task._name": "translation", "task.source_lang": "en", "task.target_lang": "de",
     },
     "opus100": {
-        "model._name": "residual_transformer_wmt_en_de", "model.encoder_layers": 18,
+        "model._name": "residual_transformer_opus100", "model.encoder_layers": 18,
         "model.decoder_layers": 18, "model.dropout": 0.1, "model.attention_dropout": 0.1,
         "model.activation_dropout": 0.1, "model.share_all_embeddings": False,
-        "model.share_decoder_input_output_embed": True, "model.resi_dual_scale": 0.05,
+        "model.share_decoder_input_output_embed": True,
         "optimization.lr": [0.004], "lr_scheduler.warmup_updates": 8000,
         "dataset.max_tokens": 4096, "optimization.update_freq": [16],
         "optimization.max_update": 100000, "optimization.clip_norm": 1.0,
@@ -151,7 +151,7 @@ def argparse_flags(name, data_overrides, scheme, layers):
                 "--arch", "residual_transformer", "--attention-dropout", "0.1",
                 "--activation-dropout", "0.1", "--share-decoder-input-output-embed",
                 "--max-source-positions", "256", "--max-target-positions", "256",
-                "--resi-dual-scale", "0.05", "--residual-scheme", scheme,
+                *(["--resi-dual-scale", "0.05"] if scheme == "resi_dual" else []), "--residual-scheme", scheme,
                 "--encoder-layers", str(layers), "--decoder-layers", str(layers)]
     preset = "residual_transformer_iwslt_de_en" if name == "iwslt14_de_en" else "residual_transformer_wmt_en_de"
     return ["--task", "translation", "-s", "src", "-t", "tgt", "--arch", preset,
@@ -161,12 +161,13 @@ def argparse_flags(name, data_overrides, scheme, layers):
 def check_structure(model, d, ffn, heads, layers, scheme):
     """Dims, depth and layer classes of a built model."""
     from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
-    from fairseq_residual.schemes.resi_dual import ResiDualDecoderLayer, ResiDualEncoderLayer
+    from fairseq_residual.layers import ResidualDecoderLayer, ResidualEncoderLayer
+    from fairseq_residual.schemes.resi_dual import ResiDualResidual
 
     assert model.residual_scheme == scheme
     for stack, layer_cls, resi_cls in (
-        (model.encoder, TransformerEncoderLayerBase, ResiDualEncoderLayer),
-        (model.decoder, TransformerDecoderLayerBase, ResiDualDecoderLayer),
+        (model.encoder, TransformerEncoderLayerBase, ResidualEncoderLayer),
+        (model.decoder, TransformerDecoderLayerBase, ResidualDecoderLayer),
     ):
         assert len(stack.layers) == layers
         assert stack.embed_tokens.embedding_dim == d
@@ -174,7 +175,8 @@ def check_structure(model, d, ffn, heads, layers, scheme):
         assert layer.fc1.out_features == ffn and layer.self_attn.num_heads == heads
         assert isinstance(layer, layer_cls)
         if scheme == "resi_dual":
-            assert isinstance(layer, resi_cls) and stack.layer_norm is not None
+            assert isinstance(layer, resi_cls) and isinstance(layer.ffn_residual, ResiDualResidual)
+            assert stack.layer_norm is not None
         else:  # fairseq's stock layers
             assert type(layer) is layer_cls
             assert layer.normalize_before == (scheme == "pre_ln")
@@ -224,7 +226,7 @@ def test_model_matches_argparse_and_closed_form(name, data):
     expected = closed_form(vocab, d, ffn, layers, layers, scheme, share_all)
     assert n_params(model) == expected
     if name == "opus100":
-        assert model.encoder.dual_scale == model.decoder.dual_scale == 0.05
+        assert model.encoder.residual.dual_scale == model.decoder.residual.dual_scale == 0.05  # the preset's c
         assert vocab == 4 + 32 + 3  # specials + words + one language token per language
         # translation_multi_simple_epoch's temperature sampling over the pairs
         assert task.args.sampling_method == "temperature" and float(task.args.sampling_temperature) == 5.0
@@ -247,7 +249,7 @@ def test_scheme_and_depth_overrides(scheme, data):
 
     layer = model.encoder.layers[0]
     if scheme == "resi_dual":
-        assert type(layer).__name__ == "ResiDualEncoderLayer"
+        assert type(layer.self_attn_residual).__name__ == "ResiDualResidual"
     else:
         assert type(layer) is TransformerEncoderLayerBase and layer.normalize_before == (scheme == "pre_ln")
     assert model.encoder.embed_tokens.embedding_dim == 256  # the preset's dims, not fairseq's base 512

@@ -26,12 +26,12 @@ def ref_dlcl(model, src, prev, drop_term=None, weights=None):
     tgt_pad = prev.eq(pad)
 
     def combine(stack, name, l, ys):
-        W = (weights or {}).get(name, stack.history.weight)
+        W = (weights or {}).get(name, stack.residual.weight)
         terms = [W[l, k] * ys[k] for k in range(l + 1) if drop_term != (name, l, k)]
         return sum(terms)
 
     def norm(stack, k, y):
-        ln = stack.history.layer_norms[k]
+        ln = stack.residual.layer_norms[k]
         return y if k == 0 else ref_ln(ln, y, EPS)
 
     x = enc.embed_scale * enc.embed_tokens(src) + enc.embed_positions(src)
@@ -68,7 +68,7 @@ def perturbed_model(d):
             if "layer_norm" in name:  # fairseq's and the history's LayerNorms
                 p.add_(0.3 * torch.randn_like(p))
         for stack in (model.encoder, model.decoder):  # a random lower-triangular W, not the average
-            W = stack.history.weight
+            W = stack.residual.weight
             W.copy_((0.2 + torch.rand_like(W)).tril())
     return model
 
@@ -105,14 +105,14 @@ def test_history_initialisation_and_names():
     d = make_dictionary()
     model, _, _ = build_model("residual_transformer_tiny", *FLAGS, dictionary=d)
     for stack, L in (("encoder", 3), ("decoder", 2)):
-        W = getattr(model, stack).history.weight
+        W = getattr(model, stack).residual.weight
         assert W.shape == (L + 1, L + 1) and W.requires_grad
         expected = torch.tensor([[1.0 / (l + 1) if k <= l else 0.0 for k in range(L + 1)] for l in range(L + 1)])
         assert torch.equal(W.detach(), expected)
-    names = {n for n, _ in model.named_parameters() if ".history." in n}
-    assert "encoder.history.weight" in names and "decoder.history.weight" in names
-    assert {n for n in names if n.startswith("encoder.history.layer_norms.")} == {
-        f"encoder.history.layer_norms.{k}.{p}" for k in (1, 2, 3) for p in ("weight", "bias")
+    names = {n for n, _ in model.named_parameters() if ".residual." in n}
+    assert "encoder.residual.weight" in names and "decoder.residual.weight" in names
+    assert {n for n in names if n.startswith("encoder.residual.layer_norms.")} == {
+        f"encoder.residual.layer_norms.{k}.{p}" for k in (1, 2, 3) for p in ("weight", "bias")
     }
     assert not any(".layer_norms.0." in n for n in names)  # LN_0 is the identity
     # Pre-LN layers and the stack's final LayerNorm
@@ -124,7 +124,7 @@ def test_history_initialisation_and_names():
     lp = model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
     lp.gather(-1, tgt.unsqueeze(-1)).sum().backward()
     for stack in (model.encoder, model.decoder):
-        g = stack.history.weight.grad
+        g = stack.residual.weight.grad
         assert g is not None and g.tril().abs().sum() > 0
         assert torch.all(g.triu(1) == 0)  # entries above the diagonal are never read
 

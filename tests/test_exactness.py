@@ -162,7 +162,9 @@ def test_resi_dual_matches_reference(c_enc, a_enc, c_dec, a_dec):
         for name, p in model.named_parameters():
             if "layer_norm" in name:
                 p.add_(0.3 * torch.randn_like(p))
-    assert model.encoder.layer_norm.eps == 1e-7 and model.decoder.layer_norm.eps == 1e-7
+    # LN_final's eps is the authors' 1e-7 scaled by c^2, so that LN_final(c x_d) = LN_final(x_d) exactly
+    assert model.encoder.layer_norm.eps == pytest.approx(1e-7 * c_enc ** 2)
+    assert model.decoder.layer_norm.eps == pytest.approx(1e-7 * c_dec ** 2)
     src, lengths, prev, tgt = random_batch(d, bsz=5)
     with torch.no_grad():
         lp_ref, enc_ref = ref_resi_dual(model, src, prev, c_enc, a_enc, c_dec, a_dec)

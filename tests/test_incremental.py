@@ -11,10 +11,14 @@ SCHEMES = list(SCHEME_NAMES)  # every registered scheme
 TOL = 1e-5
 
 
+#: non-default options, so that a constant lost between steps shows
+SCHEME_FLAGS = {"resi_dual": ["--resi-dual-scale", 0.5, "--decoder-resi-dual-alpha", 0.8]}
+
+
 def tiny(scheme, d, *flags):
     model, args, task = build_model(
-        "residual_transformer_tiny", "--residual-scheme", scheme,
-        "--resi-dual-scale", 0.5, "--decoder-resi-dual-alpha", 0.8, *flags, dictionary=d,
+        "residual_transformer_tiny", "--residual-scheme", scheme, *SCHEME_FLAGS.get(scheme, []), *flags,
+        dictionary=d,
     )
     return model, args, task
 

@@ -48,12 +48,17 @@ def decoder_cfg(scheme):
 def test_normformer_options_are_refused_when_the_decoder_layer_is_built(scheme, key):
     """fairseq reads NormFormer's options from the config (no fairseq-train flag: Hydra configs and
     models that declare them); the scheme's decoder layer refuses them instead of ignoring them."""
+    from fairseq_residual.residual import Site
+
     cfg = decoder_cfg(scheme)
-    get_scheme(scheme).decoder_layer(cfg, no_encoder_attn=False)  # the plain config builds
+    s = get_scheme(scheme)
+    residuals = {kind: s.sublayer_residual(cfg, Site("decoder", kind, 0, 2, j, 3, 64, 2, 2))
+                 for j, kind in enumerate(("self_attn", "encoder_attn", "ffn"))}
+    s.decoder_layer(cfg, residuals, no_encoder_attn=False)  # the plain config builds
     setattr(cfg, key, True)
     flag = "--" + key.replace("_", "-")
     with pytest.raises(ValueError, match=f"{flag} is not supported with --residual-scheme {scheme}"):
-        get_scheme(scheme).decoder_layer(cfg, no_encoder_attn=False)
+        s.decoder_layer(cfg, residuals, no_encoder_attn=False)
 
 
 @pytest.mark.parametrize("alignment_heads", [None, 1])

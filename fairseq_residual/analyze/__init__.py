@@ -28,8 +28,10 @@ What is measured (``analysis.json``, and one PNG per quantity with every model o
 * ``cosine_consecutive``: for l = 1 .. L-1, the mean over non-padding token positions of
   ``cos(y_l, y_{l+1})``, where ``y_l`` is layer l's output (the residual stream before any final
   LayerNorm; for ResiDual the Post-LN stream ``x_a``). Values near 1 mean the layers hardly change
-  the representation (Pre-LN's collapse). For ResiDual ``cosine_consecutive_dual`` gives the same
-  for the dual stream ``x_d``, taken from the second element of the layer's output tuple.
+  the representation (Pre-LN's collapse). The layer output is what the stack reports after the layer
+  (fairseq's ``inner_states``; for a scheme of the residual protocol its stack residual's ``view`` of
+  the state); ``cosine_consecutive_streams`` gives the same for every extra stream the scheme names
+  (``cosine_consecutive_dual``: ResiDual's dual stream ``x_d``).
 * ``dual_stream`` (ResiDual only): ``max_abs``, the largest ``|x_d|`` after each layer over all
   positions (padding included: an overflow there is just as fatal), the ``headroom`` to fp16's
   largest value 65504 (``config.FP16_MAX``), and ``safe_scale``, the ``--resi-dual-scale`` this rule
@@ -41,9 +43,9 @@ What is measured (``analysis.json``, and one PNG per quantity with every model o
   where ``M`` is the largest ``|x_d|`` with c = 1 (the measured value divided by the model's c; the
   dual stream is linear in c) and ``safety`` is ``--fp16-safety`` (default 0.1: a factor 10 of room
   for the growth of ``x_d`` during training, for longer sentences and other batches). A smaller c
-  does not change the model's function, since ``LN(c * x_d) = LN(x_d)`` up to LayerNorm's eps
-  (1e-7); ``ln_eps_relative`` = eps / (c_safe^2 * smallest per-token variance of the top layer's
-  ``x_d`` at c = 1) checks that this still holds (it should be far below 1e-3). Measured on a fresh
+  does not change the model's function, since ``LN_final(c * x_d) = LN_final(x_d)`` (its eps is
+  1e-7 * c^2); ``ln_eps_relative`` = 1e-7 / (the smallest per-token variance of the top layer's ``x_d``
+  at c = 1) says how much that eps weighs at all (it should be far below 1e-3). Measured on a fresh
   model, ``M`` is a lower bound of what training produces: run the tool on a checkpoint for a
   number that reflects training.
 

@@ -7,8 +7,9 @@ import torch
 
 from ..config import FP16_MAX
 from ..schemes import SCHEME_NAMES as SCHEMES
+from ..schemes import stock_scheme
 from ..schemes.resi_dual import FINAL_LN_EPS as RESI_DUAL_FINAL_LN_EPS
-from .common import HOOKED_MODULE, POST_LN, PRE_LN, RESI_DUAL, STACKS, SUBLAYERS
+from .common import HOOKED_MODULE, STACKS, SUBLAYERS
 
 # ---------------------------------------------------------------------------------------------
 # the --resi-dual-scale rule
@@ -44,11 +45,11 @@ def safe_dual_scale(max_abs_unscaled, safety=0.1, fp16_max=FP16_MAX):
 
 
 def model_scheme(model):
-    """Residual scheme of a model (plugin attribute, else fairseq's normalize_before)."""
+    """Residual scheme of a model (plugin attribute, else the stock transformer's rule)."""
     scheme = getattr(model.encoder, "residual_scheme", None)
     if scheme in SCHEMES:
         return scheme
-    return PRE_LN if getattr(model.encoder, "layer_norm", None) is not None else POST_LN
+    return stock_scheme(getattr(model.encoder, "layer_norm", None) is not None)
 
 
 def disable_dropout(model):
@@ -101,7 +102,7 @@ class LayerStatistics:
         zeros = lambda n: torch.zeros(n, dtype=torch.float64)  # noqa: E731
         self.sub_sq = {(s, sub): zeros(n_layers[s]) for s in STACKS for sub in SUBLAYERS[s]}
         self.cos_sum = {s: zeros(max(n_layers[s] - 1, 0)) for s in STACKS}
-        self.cos_dual_sum = {s: zeros(max(n_layers[s] - 1, 0)) for s in STACKS}
+        self.cos_stream_sum = {s: {} for s in STACKS}  # extra stream name -> per layer pair
         self.cos_count = {s: zeros(max(n_layers[s] - 1, 0)) for s in STACKS}  # token positions per pair
         self.dual_max = {s: zeros(n_layers[s]) for s in STACKS}
         self.dual_min_var = {s: math.inf for s in STACKS}
@@ -119,10 +120,12 @@ class LayerStatistics:
 
         return hook
 
-    def _layer_hook(self, key):
+    def _layer_hook(self, key, stack):
+        view = getattr(stack, "layer_view", None)  # a stock fairseq stack has none: its layers return x
+
         def hook(module, inputs, output):
-            x_d = output[1] if self.scheme == RESI_DUAL and isinstance(output, (tuple, list)) else None
-            self.captured[key] = (_first(output).detach(), None if x_d is None else x_d.detach())
+            x, streams = view(output) if view is not None else (_first(output), {})
+            self.captured[key] = (x.detach(), {name: t.detach() for name, t in streams.items()})
 
         return hook
 
@@ -136,7 +139,7 @@ class LayerStatistics:
                     module = getattr(layer, HOOKED_MODULE[sub], None)
                     if module is not None:
                         self.hooks.append(module.register_forward_hook(self._sub_hook((name, sub, i))))
-                self.hooks.append(layer.register_forward_hook(self._layer_hook((name, "out", i))))
+                self.hooks.append(layer.register_forward_hook(self._layer_hook((name, "out", i), stack)))
         return self
 
     def __exit__(self, *exc):
@@ -150,7 +153,7 @@ class LayerStatistics:
 
     def add_batch(self, criterion, sample):
         """Forward and backward one fairseq sample through ``criterion``; accumulate its statistics."""
-        n_layers, captured, scheme = self.n_layers, self.captured, self.scheme
+        n_layers, captured = self.n_layers, self.captured
         captured.clear()
         loss, sample_size, logging_output = criterion(self.model, sample)
         (loss / self.total_tokens).backward()
@@ -180,18 +183,17 @@ class LayerStatistics:
                     outs[i][0].float(), outs[i + 1][0].float(), dim=-1
                 )
                 self.cos_sum[s][i] += float(cos[mask].double().sum())
-                if scheme == RESI_DUAL:
-                    cos = torch.nn.functional.cosine_similarity(
-                        outs[i][1].float(), outs[i + 1][1].float(), dim=-1
-                    )
-                    self.cos_dual_sum[s][i] += float(cos[mask].double().sum())
-            if scheme == RESI_DUAL:
-                for i in range(n_layers[s]):
-                    if outs[i] is not None:
-                        self.dual_max[s][i] = max(float(self.dual_max[s][i]), float(outs[i][1].abs().max()))
-                if outs and outs[-1] is not None:
-                    top = outs[-1][1].float().var(dim=-1, unbiased=False)  # T x B
-                    self.dual_min_var[s] = min(self.dual_min_var[s], float(top[mask].min()))
+                for stream, t in outs[i][1].items():  # the scheme's extra streams (ResiDual's x_d)
+                    cos = torch.nn.functional.cosine_similarity(t.float(), outs[i + 1][1][stream].float(), dim=-1)
+                    sums = self.cos_stream_sum[s].setdefault(stream, torch.zeros_like(self.cos_sum[s]))
+                    sums[i] += float(cos[mask].double().sum())
+            dual = [None if o is None else o[1].get("x_d") for o in outs]
+            for i, x_d in enumerate(dual):
+                if x_d is not None:
+                    self.dual_max[s][i] = max(float(self.dual_max[s][i]), float(x_d.abs().max()))
+            if dual and dual[-1] is not None:
+                top = dual[-1].float().var(dim=-1, unbiased=False)  # T x B
+                self.dual_min_var[s] = min(self.dual_min_var[s], float(top[mask].min()))
         captured.clear()
 
     def result(self):
@@ -222,13 +224,15 @@ class LayerStatistics:
                 s: {sub: self.sub_sq[s, sub].sqrt().tolist() for sub in SUBLAYERS[s]} for s in STACKS
             },
             "cosine_consecutive": {s: _mean_or_none(self.cos_sum[s], self.cos_count[s]) for s in STACKS},
+            "cosine_consecutive_streams": {
+                stream: {s: _mean_or_none(self.cos_stream_sum[s][stream], self.cos_count[s]) for s in STACKS}
+                for stream in self.cos_stream_sum["encoder"]
+            },
             "cosine_consecutive_dual": None,
             "dual_stream": None,
         }
-        if self.scheme == RESI_DUAL:
-            result["cosine_consecutive_dual"] = {
-                s: _mean_or_none(self.cos_dual_sum[s], self.cos_count[s]) for s in STACKS
-            }
+        if "x_d" in result["cosine_consecutive_streams"]:  # ResiDual's dual stream and its fp16 range
+            result["cosine_consecutive_dual"] = result["cosine_consecutive_streams"]["x_d"]
             result["dual_stream"] = {s: _dual_report(self.stacks[s], self.dual_max[s], self.dual_min_var[s],
                                                      self.safety) for s in STACKS}
         return result
@@ -255,14 +259,14 @@ def _mean_or_none(total, count):
 
 
 def _dual_report(stack, max_abs, min_var, safety):
-    c = float(getattr(stack, "dual_scale", 1.0))
+    c = float(stack.residual.dual_scale)
     peak = float(max_abs.max()) if len(max_abs) else 0.0
     unscaled = peak / c
     safe = safe_dual_scale(unscaled, safety)
     var_unscaled = min_var / (c * c)
     eps_rel = None
     if safe is not None and var_unscaled > 0:
-        eps_rel = RESI_DUAL_FINAL_LN_EPS / (safe * safe * var_unscaled)
+        eps_rel = RESI_DUAL_FINAL_LN_EPS / var_unscaled  # LN_final's eps scales with c^2: the same for every c
     return {
         "scale": c,
         "max_abs": max_abs.tolist(),

@@ -65,6 +65,13 @@ def scheme_by_id(scheme_id: int) -> ResidualScheme:
         ) from None
 
 
+def stock_scheme(has_final_layer_norm: bool) -> str:
+    """The scheme of a stack of fairseq's stock ``transformer`` (no ``residual_scheme_id`` buffer): Pre-LN
+    iff the stack has a final LayerNorm, else Post-LN; the one place this rule lives (checkpoint loading,
+    the analysis tool)."""
+    return "pre_ln" if has_final_layer_norm else "post_ln"
+
+
 def labels():
     """``{name: label}`` of every scheme, in table order (``{'post_ln': 'Post-LN', ...}``)."""
     return {s.name: s.label for s in SCHEMES}
@@ -77,5 +84,5 @@ def colors():
 
 __all__ = [
     "DEFAULT_SCHEME", "SCHEMES", "SCHEME_NAMES", "STACKS", "ResidualScheme", "SchemeOptions",
-    "colors", "get_scheme", "labels", "scheme_by_id",
+    "colors", "get_scheme", "labels", "scheme_by_id", "stock_scheme",
 ]

@@ -13,20 +13,25 @@ with a running value r starting at 1::
 
 on one training batch in training mode (dropout active: F_k is the dropped-out branch output), Var the
 population variance over every element of the T x B x d tensor, padding included; x_1 is the stack's
-embedding output. Parameter names are the reference's: ``encoder.layers.i.attention_ratio_change``,
-``encoder.layers.i.fc_ratio_change``, ``decoder.layers.i.self_ratio_change``,
-``decoder.layers.i.encoder_ratio_change``, ``decoder.layers.i.fc_ratio_change``. No stack LayerNorm.
-Other weights: fairseq 0.12's initialisation (the reference's fairseq 0.9 fork draws fc1/fc2 with xavier).
+embedding output. No stack LayerNorm. Other weights: fairseq 0.12's initialisation (the reference's
+fairseq 0.9 fork draws fc1/fc2 with xavier).
 
-Profiling is one command: the model holds buffers ``{encoder,decoder}.admin_profiled`` (0 until profiled)
-and ``{encoder,decoder}.admin_profile`` (the profiled scalars, k = 1..2N resp. 1..3M). The first forward
-in training mode of an unprofiled model first runs a profiling forward on that batch under ``no_grad``,
-broadcasts rank 0's omegas when ``torch.distributed`` is initialised (every rank uses one profile), sets
-the buffers, logs one line per stack, then runs the normal forward. The buffers are saved in checkpoints,
-so a resumed run never re-profiles (and logs that it does not). The reference instead runs a separate
-profiling process that writes ``profile.ratio.init`` and exits; ``--admin-profile FILE`` reads that
-format ("k r" per line, encoder k = 1..2N then decoder k = 1..3M) at model build, and
-``python -m fairseq_residual.schemes.admin CHECKPOINT [OUT]`` writes it from a checkpoint's profile.
+Over the residual protocol: :class:`AdminResidual` per sub-layer holds ``omega``
+(``{encoder,decoder}.layers.i.{self_attn,encoder_attn,ffn}_residual.omega``; the reference's names
+``attention_ratio_change``, ``self_ratio_change``, ``encoder_ratio_change``, ``fc_ratio_change``, which
+checkpoints of earlier versions of this plugin use, are renamed on load), :class:`AdminStack` per stack
+holds the buffers ``profiled`` (0 until profiled) and ``profile`` (the profiled scalars, k = 1..2N resp.
+1..3M).
+
+Profiling is the scheme's training hook (:meth:`Admin.training_hook`): before the first training forward
+of an unprofiled model it runs a profiling forward of that batch under ``no_grad`` (every layer, layer-drop
+off, so that every sub-layer gets its omega), broadcasts rank 0's omegas when ``torch.distributed`` is
+initialised (every rank uses one profile), sets the buffers and logs one line per stack; the normal
+forward follows. The buffers are saved in checkpoints, so a resumed run never re-profiles (and logs that
+it does not). The reference instead runs a separate profiling process that writes ``profile.ratio.init``
+and exits; ``--admin-profile FILE`` reads that format ("k r" per line, encoder k = 1..2N then decoder
+k = 1..3M) at model build, and ``python -m fairseq_residual.schemes.admin CHECKPOINT [OUT]`` writes it from
+a checkpoint's profile.
 
 fp16: fairseq's ``--fp16`` / ``--bf16`` optimiser keeps an fp32 copy of the weights that it builds before
 the first batch and copies back after every step, so an omega profiled at the first batch would be
@@ -37,6 +42,7 @@ model, i.e. ``fairseq-train``); ``--admin-profile FILE`` (applied at build, befo
 import logging
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import List, Optional
@@ -44,17 +50,16 @@ from typing import List, Optional
 import torch
 from torch import Tensor, nn
 
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
-
-from ..layers import DecoderSublayers, EncoderSublayers, additive_attn_mask, refuse_decoder_extras
-from .base import STACKS, ResidualScheme
+from ..residual import NORM_OUTPUT, StackResidual, SublayerResidual, with_main
+from .base import STACKS, Option, ResidualScheme
 
 logger = logging.getLogger(__name__)
 
-#: omega parameters of one layer, in sub-layer order (the reference's names).
-OMEGAS = {
-    "encoder": ("attention_ratio_change", "fc_ratio_change"),
-    "decoder": ("self_ratio_change", "encoder_ratio_change", "fc_ratio_change"),
+#: the reference's omega names per sub-layer kind (checkpoints of earlier versions of this plugin)
+REFERENCE_NAMES = {
+    "encoder": {"attention_ratio_change": "self_attn", "fc_ratio_change": "ffn"},
+    "decoder": {"self_ratio_change": "self_attn", "encoder_ratio_change": "encoder_attn",
+                "fc_ratio_change": "ffn"},
 }
 
 
@@ -86,91 +91,40 @@ class _Profiler:
         self.r = math.sqrt(var_in + var_out)
 
 
-class _AdminResidual:
-    """``omega * x + h``, profiling omega first while the stack's profiling forward runs."""
-
-    admin_profiler: Optional[_Profiler] = None
-
-    def admin_residual(self, omega: Tensor, x: Tensor, h: Tensor) -> Tensor:
-        """Args: omega [C]; x the sub-layer input and h its dropped-out output, T x B x C."""
-        if self.admin_profiler is not None:
-            self.admin_profiler.step(omega, x, h)
-        return x * omega + h
-
-
-class AdminEncoderLayer(_AdminResidual, EncoderSublayers, TransformerEncoderLayerBase):
-    """fairseq's Post-LN encoder layer with ``x = LN(omega * x + h)`` for self-attention and FFN.
+class AdminResidual(SublayerResidual):
+    """``x = LN(omega * x + h)``, ``h = drop(F(x))``, ``omega`` a trainable vector of width C (init 1,
+    profiled before training).
 
     Args:
-        cfg: fairseq ``TransformerConfig`` (``cfg.encoder.normalize_before`` must be False).
+        site: the sub-layer.
     """
 
-    def __init__(self, cfg):
-        if cfg.encoder.normalize_before:
-            raise ValueError("Admin encoder layers need encoder.normalize_before=False")
-        super().__init__(cfg, return_fc=False)
-        self.attention_ratio_change = nn.Parameter(torch.ones(self.embed_dim))
-        self.fc_ratio_change = nn.Parameter(torch.ones(self.embed_dim))
+    NORM = NORM_OUTPUT
 
-    def forward(self, x: Tensor, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
-        """x: T x B x C; encoder_padding_mask: B x T (True at padding) or None. Returns T x B x C."""
-        h = self.self_attn_sublayer(x, encoder_padding_mask, additive_attn_mask(attn_mask, x))
-        x = self.self_attn_layer_norm(self.admin_residual(self.attention_ratio_change, x, h))
-        h = self.ffn_sublayer(x)
-        return self.final_layer_norm(self.admin_residual(self.fc_ratio_change, x, h))
+    def __init__(self, site):
+        super().__init__(site)
+        self.omega = nn.Parameter(torch.ones(site.embed_dim))
+        self.profiling = False
+
+    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        if self.profiling:
+            self._profile(state[0], out)
+        return with_main(state, state[0] * self.omega + out)
+
+    @torch.jit.unused
+    def _profile(self, x: Tensor, out: Tensor) -> None:
+        """Profiling forward only: set ``omega`` from the stack's running value (the reference's recursion)."""
+        self.profiler.step(self.omega, x, out)
 
 
-class AdminDecoderLayer(_AdminResidual, DecoderSublayers, TransformerDecoderLayerBase):
-    """fairseq's Post-LN decoder layer with ``x = LN(omega * x + h)`` for its three sub-layers.
+class AdminStack(StackResidual):
+    """One stream (no stack LayerNorm) and the stack's profile: buffers ``profiled`` (0/1) and ``profile``
+    (one scalar per sub-layer, in order)."""
 
-    Args:
-        cfg: fairseq ``TransformerConfig``; NormFormer options and ``--cross-self-attention`` are refused.
-        no_encoder_attn: refused (Admin's decoder profile has three sub-layers per layer).
-    """
-
-    def __init__(self, cfg, no_encoder_attn=False):
-        if cfg.decoder.normalize_before:
-            raise ValueError("Admin decoder layers need decoder.normalize_before=False")
-        refuse_decoder_extras(cfg, "admin")
-        if no_encoder_attn:
-            raise ValueError(
-                "--residual-scheme admin needs the decoder's cross-attention (its profile has three "
-                "sub-layers per decoder layer): drop --no-cross-attention or use another scheme"
-            )
-        super().__init__(cfg, no_encoder_attn=False)
-        self.self_ratio_change = nn.Parameter(torch.ones(self.embed_dim))
-        self.encoder_ratio_change = nn.Parameter(torch.ones(self.embed_dim))
-        self.fc_ratio_change = nn.Parameter(torch.ones(self.embed_dim))
-
-    def forward(
-        self,
-        x: Tensor,
-        encoder_out: Optional[Tensor] = None,
-        encoder_padding_mask: Optional[Tensor] = None,
-        incremental_state=None,
-        prev_self_attn_state=None,
-        prev_attn_state=None,
-        self_attn_mask: Optional[Tensor] = None,
-        self_attn_padding_mask: Optional[Tensor] = None,
-        need_attn: bool = False,
-        need_head_weights: bool = False,
-    ):
-        """fairseq's decoder-layer call; returns ``(x [T x B x C], cross-attention or None, None)``."""
-        if prev_self_attn_state is not None or prev_attn_state is not None:
-            raise NotImplementedError("Admin decoder layers take their attention state from incremental_state")
-        if need_head_weights:
-            need_attn = True
-        h = self.self_attn_sublayer(x, incremental_state, self_attn_mask, self_attn_padding_mask)
-        x = self.self_attn_layer_norm(self.admin_residual(self.self_ratio_change, x, h))
-        attn: Optional[Tensor] = None
-        if encoder_out is not None:
-            h, attn = self.cross_attn_sublayer(
-                x, encoder_out, encoder_padding_mask, incremental_state, need_attn, need_head_weights
-            )
-            x = self.encoder_attn_layer_norm(self.admin_residual(self.encoder_ratio_change, x, h))
-        h = self.ffn_sublayer(x)
-        x = self.final_layer_norm(self.admin_residual(self.fc_ratio_change, x, h))
-        return x, attn, None
+    def __init__(self, stack: str, num_layers: int, embed_dim: int, per_layer: int):
+        super().__init__(stack, num_layers, embed_dim)
+        self.register_buffer("profiled", torch.tensor(0, dtype=torch.long))
+        self.register_buffer("profile", torch.zeros(per_layer * num_layers))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,7 +135,11 @@ class AdminDecoderLayer(_AdminResidual, DecoderSublayers, TransformerDecoderLaye
 def omega_parameters(stack) -> List[nn.Parameter]:
     """The omegas of ``stack`` (an encoder or decoder of ``residual_transformer``) in sub-layer order,
     k = 1..2N (encoder) or 1..3M (decoder)."""
-    return [getattr(layer, name) for layer in stack.layers for name in OMEGAS[stack.stack]]
+    return [m.omega for layer in stack.layers for m in layer.modules() if isinstance(m, AdminResidual)]
+
+
+def _admin_residuals(stack) -> List[AdminResidual]:
+    return [m for layer in stack.layers for m in layer.modules() if isinstance(m, AdminResidual)]
 
 
 def _depth_of(ks: List[int]) -> str:
@@ -261,8 +219,9 @@ def apply_profile(stack, ratios) -> None:
     with torch.no_grad():
         for omega, r in zip(omega_parameters(stack), ratios):
             omega.fill_(float(r))
-        stack.admin_profile.copy_(torch.tensor([float(r) for r in ratios], dtype=stack.admin_profile.dtype))
-        stack.admin_profiled.fill_(1)
+        prof = stack.residual.profile
+        prof.copy_(torch.tensor([float(r) for r in ratios], dtype=prof.dtype))
+        stack.residual.profiled.fill_(1)
 
 
 def _sync_profile(model) -> None:
@@ -271,7 +230,7 @@ def _sync_profile(model) -> None:
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
-    tensors = [model.encoder.admin_profile, model.decoder.admin_profile]
+    tensors = [model.encoder.residual.profile, model.decoder.residual.profile]
     for stack in (model.encoder, model.decoder):
         tensors += [p.data for p in omega_parameters(stack)]
     flat = torch.cat([t.reshape(-1).to(torch.float32) for t in tensors])
@@ -282,74 +241,62 @@ def _sync_profile(model) -> None:
         offset += t.numel()
 
 
-def profile_model(model, args, kwargs) -> None:
-    """Run the profiling forward of ``model`` on one batch (``model.forward(*args, **kwargs)``) under
-    no_grad, in the model's current mode, filling every omega as the reference's recursion does."""
-    profilers = {}
+def profile_model(model, net_input) -> None:
+    """Run the profiling forward of ``model`` on one batch (``model(**net_input)``) under no_grad, in the
+    model's current mode with every layer (layer-drop off), filling every omega as the reference's
+    recursion does."""
+    from fairseq.modules import LayerDropModuleList
+
+    saved = []
     for stack_name in STACKS:
         stack = getattr(model, stack_name)
-        profilers[stack_name] = _Profiler()
-        for layer in stack.layers:
-            layer.admin_profiler = profilers[stack_name]
+        profiler = _Profiler()
+        for res in _admin_residuals(stack):
+            res.profiler, res.profiling = profiler, True
+        if isinstance(stack.layers, LayerDropModuleList):
+            saved.append((stack.layers, stack.layers.p))
+            stack.layers.p = 0.0
     try:
         with torch.no_grad():
-            model.forward(*args, **kwargs)
+            model.forward(**net_input)
     finally:
+        for layers, p in saved:
+            layers.p = p
+        ratios = {}
         for stack_name in STACKS:
-            for layer in getattr(model, stack_name).layers:
-                layer.admin_profiler = None
+            residuals = _admin_residuals(getattr(model, stack_name))
+            ratios[stack_name] = residuals[0].profiler.ratios if residuals else []
+            for res in residuals:
+                res.profiling = False
+                del res.profiler
     for stack_name in STACKS:
-        apply_profile(getattr(model, stack_name), profilers[stack_name].ratios)
+        apply_profile(getattr(model, stack_name), ratios[stack_name])
 
 
 def is_profiled(model) -> bool:
-    return bool(model.encoder.admin_profiled) and bool(model.decoder.admin_profiled)
+    return bool(model.encoder.residual.profiled) and bool(model.decoder.residual.profiled)
 
 
 def _log_profile(model, how: str) -> None:
     for stack_name in STACKS:
-        stack = getattr(model, stack_name)
-        values = " ".join(f"{v:.4f}" for v in stack.admin_profile.tolist())
-        n = stack.admin_profile.numel()
-        logger.info(f"Admin omegas of the {stack_name} ({how}), sub-layers 1..{n}: {values}")
+        profile = getattr(model, stack_name).residual.profile
+        values = " ".join(f"{v:.4f}" for v in profile.tolist())
+        logger.info(f"Admin omegas of the {stack_name} ({how}), sub-layers 1..{profile.numel()}: {values}")
 
 
-def _admin_pre_forward(model, args, kwargs):
-    """Forward pre-hook of an Admin model: profile (or load the profile) before the first training batch."""
-    if model._admin_ready:
-        return None
-    if is_profiled(model):
-        model._admin_ready = True
-        if model.training:
-            logger.info("Admin omegas already profiled (admin_profiled=1, from the checkpoint or "
-                        "--admin-profile): not re-profiling")
-            _log_profile(model, "kept")
-        return None
-    if not model.training:
-        # A warning, not an error: evaluating or decoding a model that never trained is legitimate
-        # (fairseq-generate smoke tests, the analysis tool at init, decoding tests) and computes a
-        # well-defined network (Post-LN with every omega = 1); it just is not the paper's Admin model.
-        if not model._admin_warned:
-            logger.warning(
-                "Admin model used in eval mode before it was profiled: every omega is 1 (plain Post-LN "
-                "with extra weights); train at least one update (the first training batch profiles it) "
-                "or build it with --admin-profile FILE"
-            )
-            model._admin_warned = True
-        return None
-    if model.admin_profile_path is not None:
-        # --admin-profile whose file was missing at build: fail before any update
-        read_profile(model.admin_profile_path, len(model.encoder.layers), len(model.decoder.layers))
-    profile_model(model, args, kwargs)
-    _sync_profile(model)
-    _log_profile(model, "profiled on the first training batch")
-    model._admin_ready = True
-    return None
-
-
-def _invalidate(module, incompatible_keys):
-    """After load_state_dict the profiled flag may have changed: check it again on the next forward."""
-    module._admin_ready = False
+def _warn_unprofiled(model) -> None:
+    """Warn (once per model) that an Admin model that never trained runs with every omega = 1."""
+    if is_profiled(model) or getattr(model, "_admin_warned", False):
+        return
+    # A warning, not an error: evaluating or decoding a model that never trained is legitimate
+    # (fairseq-generate smoke tests, the analysis tool at init, decoding tests) and computes a
+    # well-defined network (Post-LN with every omega = 1); it just is not the paper's Admin model.
+    logger.warning(
+        "Admin model used in eval mode before it was profiled: every omega is 1 (plain Post-LN "
+        "with extra weights); train at least one update (the first training batch profiles it) "
+        "or build it with --admin-profile FILE"
+    )
+    model._admin_warned = True
 
 
 class Admin(ResidualScheme):
@@ -364,28 +311,25 @@ class Admin(ResidualScheme):
         "LiyuanLucasLiu/Transformer-Clinic, fairseq/fairseq/modules/transformer_layer.py "
         "(--init-type adaptive-profiling / adaptive)"
     )
+    recipe = ("profiling is automatic (the first training batch of a new run, on one rank, broadcast to all; "
+              "stored in the checkpoint, never redone on resume); IWSLT14: RAdam/Adam (0.9, 0.98), lr 7e-4, "
+              "warm-up 6000, dropout 0.3, weight decay 1e-4")
+    final_norm_eps = None
+    OPTIONS = (
+        Option("admin_profile", str, None, "read the omegas from FILE (the reference's profile.ratio.init "
+               "format, 'k r' per line, encoder k = 1..2N then decoder k = 1..3M) instead of profiling the "
+               "first training batch; write one with python -m fairseq_residual.schemes.admin CHECKPOINT OUT",
+               metavar="FILE"),
+    )
 
-    def add_args(self, parser):
-        parser.add_argument(
-            "--admin-profile",
-            metavar="FILE",
-            help="Admin: read the omegas from FILE (the reference's profile.ratio.init format, 'k r' per "
-            "line, encoder k = 1..2N then decoder k = 1..3M) instead of profiling the first training "
-            "batch; write one with python -m fairseq_residual.schemes.admin CHECKPOINT OUT",
-        )
+    def given_options(self, args):
+        return ["--admin-profile"] if getattr(args, "admin_profile", None) else []
 
-    def fill_defaults(self, args):
-        if getattr(args, "admin_profile", None) is None:
-            args.admin_profile = None
+    def validate(self, args):
+        pass  # a path: checked when it is read (read_profile)
 
     def options(self, args):
-        profile = getattr(args, "admin_profile", None) or None
-        if profile is not None and getattr(args, "residual_scheme", None) != self.name:
-            raise ValueError(
-                f"--admin-profile is an option of --residual-scheme admin, but the scheme is "
-                f"{args.residual_scheme}: drop --admin-profile or use --residual-scheme admin"
-            )
-        return AdminOptions(profile=profile)
+        return AdminOptions(profile=getattr(args, "admin_profile", None) or None)
 
     def check_args(self, args):
         super().check_args(args)
@@ -401,32 +345,59 @@ class Admin(ResidualScheme):
                     f"--memory-efficient-{flag}"
                 )
 
-    def encoder_layer(self, cfg):
-        return AdminEncoderLayer(cfg)
+    def sublayer_residual(self, cfg, site):
+        return AdminResidual(site)
 
-    def decoder_layer(self, cfg, no_encoder_attn):
-        return AdminDecoderLayer(cfg, no_encoder_attn)
-
-    def init_stack(self, stack, cfg):
-        per_layer = len(OMEGAS[stack.stack])
-        stack.register_buffer("admin_profiled", torch.tensor(0, dtype=torch.long))
-        stack.register_buffer("admin_profile", torch.zeros(per_layer * len(stack.layers)))
+    def stack_residual(self, cfg, stack, num_layers, embed_dim):
+        if stack == "decoder" and cfg.no_cross_attention:
+            raise ValueError(
+                "--residual-scheme admin needs the decoder's cross-attention (its profile has three "
+                "sub-layers per decoder layer): drop --no-cross-attention or use another scheme"
+            )
+        return AdminStack(stack, num_layers, embed_dim, 2 if stack == "encoder" else 3)
 
     def initialize(self, model, args):
         """Apply ``--admin-profile`` (when its file exists; a missing file fails at the first training
-        batch, so that a checkpoint still loads for generation where the file is gone) and install the
-        hook that profiles the first training batch."""
+        batch, so that a checkpoint still loads for generation where the file is gone)."""
         path = getattr(args, "admin_profile", None) or None
         model.admin_profile_path = path
-        model._admin_ready = False
-        model._admin_warned = False
         if path is not None and os.path.exists(path):
             enc, dec = read_profile(path, len(model.encoder.layers), len(model.decoder.layers))
             apply_profile(model.encoder, enc)
             apply_profile(model.decoder, dec)
             logger.info(f"Admin omegas read from --admin-profile {path}")
-        model.register_forward_pre_hook(_admin_pre_forward, with_kwargs=True)
-        model.register_load_state_dict_post_hook(_invalidate)
+
+    needs_training_hook = True
+
+    def warn_before_hook(self, model):
+        _warn_unprofiled(model)
+
+    def training_hook(self, model, net_input):
+        """Before the first training forward: profile the batch (unless the model is profiled: from the
+        checkpoint or ``--admin-profile``), broadcast rank 0's profile, log it."""
+        if is_profiled(model):
+            logger.info("Admin omegas already profiled (profiled=1, from the checkpoint or --admin-profile): "
+                        "not re-profiling")
+            _log_profile(model, "kept")
+            return
+        path = getattr(model, "admin_profile_path", None)
+        if path is not None:  # --admin-profile whose file was missing at build: fail before any update
+            read_profile(path, len(model.encoder.layers), len(model.decoder.layers))
+        profile_model(model, net_input)
+        _sync_profile(model)
+        _log_profile(model, "profiled on the first training batch")
+
+    def upgrade_state_dict(self, state_dict, prefix, stack):
+        """Rename the reference-named omegas and the stack buffers of earlier versions of this plugin."""
+        names = REFERENCE_NAMES[stack]
+        pattern = re.compile(rf"^{re.escape(prefix)}layers\.(\d+)\.({'|'.join(names)})$")
+        for key in list(state_dict):
+            m = pattern.match(key)
+            if m:
+                state_dict[f"{prefix}layers.{m.group(1)}.{names[m.group(2)]}_residual.omega"] = state_dict.pop(key)
+        for old, new in (("admin_profile", "residual.profile"), ("admin_profiled", "residual.profiled")):
+            if prefix + old in state_dict:
+                state_dict[prefix + new] = state_dict.pop(prefix + old)
 
 
 SCHEME = Admin()
@@ -441,11 +412,13 @@ def export_profile(checkpoint: str, out: str) -> None:
     import fairseq_residual  # noqa: F401  (allow-lists fairseq's checkpoint globals)
 
     state = torch.load(checkpoint, map_location="cpu")["model"]
-    if "encoder.admin_profile" not in state:
+    for stack in STACKS:  # checkpoints of earlier versions of this plugin
+        SCHEME.upgrade_state_dict(state, f"{stack}.", stack)
+    if "encoder.residual.profile" not in state:
         raise ValueError(f"{checkpoint} is not a checkpoint of a --residual-scheme admin model")
-    if not (int(state["encoder.admin_profiled"]) and int(state["decoder.admin_profiled"])):
+    if not (int(state["encoder.residual.profiled"]) and int(state["decoder.residual.profiled"])):
         raise ValueError(f"{checkpoint} was saved before its first training batch: it has no profile yet")
-    write_profile(out, state["encoder.admin_profile"].tolist(), state["decoder.admin_profile"].tolist())
+    write_profile(out, state["encoder.residual.profile"].tolist(), state["decoder.residual.profile"].tolist())
 
 
 def main(argv=None):

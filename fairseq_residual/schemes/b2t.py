@@ -25,108 +25,44 @@ fc2) is multiplied by ``L^(-1/2)``, with L = N for encoder layers and L = M for 
 LayerNorms and embeddings keep fairseq's. The code of June 2022 and the ResiDual preprint (April 2023)
 predate that change and used fairseq's initialisation unscaled.
 
-The layers keep fairseq's sub-modules and parameter names; only ``forward`` is written here (fairseq's
-layer has no hook for a term that skips a LayerNorm). Incremental decoding is fairseq's: the extra term
-is the layer input at the same position, so it needs no cached state.
+Over the residual protocol: the first sub-layer's residual keeps the layer input in the state
+(``[x, x_in]``), the last one adds it before its LayerNorm and drops it (``[x + h + x_in]``); the
+sub-layers and their parameter names are fairseq's. The extra term is the layer input at the same
+position, so incremental decoding needs no cached state.
 """
 import math
-from typing import Dict, List, Optional
+from typing import List, Tuple
 
 from torch import Tensor
 
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
-
-from ..layers import DecoderSublayers, EncoderSublayers, additive_attn_mask, refuse_decoder_extras
+from ..residual import NORM_OUTPUT, SublayerResidual, with_main
 from .base import ResidualScheme
 
 
-class B2TEncoderLayer(EncoderSublayers, TransformerEncoderLayerBase):
-    """Post-LN encoder layer with the bottom-to-top connection (``y = LN_ffn(h + drop(FFN(h)) + x)``).
+class B2TResidual(SublayerResidual):
+    """Post-LN's ``x = LN(x + h)``; the layer's first sub-layer keeps the layer input ``x_in`` in the state
+    and the last adds it before its LayerNorm, ``y = LN(x + h + x_in)``.
 
     Args:
-        cfg: fairseq ``TransformerConfig`` (Post-LN: ``cfg.encoder.normalize_before`` False).
-
-    Source: Takase et al. 2023, figure 3 (b); takase/b2t_connection, fairseq/modules/transformer_layer.py.
+        site: the sub-layer (first of its layer: self-attention; last: the FFN).
     """
 
-    def __init__(self, cfg):
-        super().__init__(cfg, return_fc=False)
+    NORM = NORM_OUTPUT
 
-    def forward(self, x: Tensor, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
-        """fairseq's encoder-layer interface.
+    def __init__(self, site):
+        super().__init__(site)
+        self.first = site.kind == "self_attn"
+        self.last = site.kind == "ffn"
 
-        Args:
-            x: layer input, T x B x C.
-            encoder_padding_mask: B x T, True at padding, or None.
-            attn_mask: T x T, 1 where attention is forbidden, or None.
+    def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        if self.first:
+            return state[0], [state[0], state[0]]  # [x, x_in]
+        return state[0], state
 
-        Returns:
-            the layer output, T x B x C.
-        """
-        bottom = x
-        h = self.self_attn_sublayer(x, encoder_padding_mask, additive_attn_mask(attn_mask, x))
-        x = self.self_attn_layer_norm(self.residual_connection(h, x))
-        h = self.ffn_sublayer(x)
-        return self.final_layer_norm(self.residual_connection(h, x) + bottom)
-
-
-class B2TDecoderLayer(DecoderSublayers, TransformerDecoderLayerBase):
-    """Post-LN decoder layer with the bottom-to-top connection before its last LayerNorm.
-
-    Args:
-        cfg: fairseq ``TransformerConfig``; NormFormer options and ``--cross-self-attention`` are refused.
-        no_encoder_attn: build no encoder-decoder attention.
-
-    Source: Takase et al. 2023, figure 3 (b); takase/b2t_connection, fairseq/modules/transformer_layer.py.
-    """
-
-    def __init__(self, cfg, no_encoder_attn=False):
-        refuse_decoder_extras(cfg, "b2t")
-        super().__init__(cfg, no_encoder_attn=no_encoder_attn)
-
-    def forward(
-        self,
-        x: Tensor,
-        encoder_out: Optional[Tensor] = None,
-        encoder_padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        prev_self_attn_state: Optional[List[Tensor]] = None,
-        prev_attn_state: Optional[List[Tensor]] = None,
-        self_attn_mask: Optional[Tensor] = None,
-        self_attn_padding_mask: Optional[Tensor] = None,
-        need_attn: bool = False,
-        need_head_weights: bool = False,
-    ):
-        """fairseq's decoder-layer interface (``prev_*_state`` are refused: fairseq's own decoder never
-        passes them).
-
-        Args:
-            x: layer input, T x B x C (T = 1 in incremental decoding).
-            encoder_out: S x B x C, or None.
-            encoder_padding_mask: B x S, True at padding, or None.
-            incremental_state: fairseq's attention key/value cache, or None.
-            self_attn_mask: T x T additive future mask, or None.
-            self_attn_padding_mask: B x T, True at padding, or None.
-            need_attn, need_head_weights: return the cross-attention weights (as fairseq).
-
-        Returns:
-            ``(x, attn, None)``: T x B x C, the cross-attention weights or None, and no ONNX state.
-        """
-        if prev_self_attn_state is not None or prev_attn_state is not None:
-            raise ValueError("prev_self_attn_state / prev_attn_state are not supported with --residual-scheme b2t")
-        if need_head_weights:
-            need_attn = True
-        bottom = x
-        h = self.self_attn_sublayer(x, incremental_state, self_attn_mask, self_attn_padding_mask)
-        x = self.self_attn_layer_norm(self.residual_connection(h, x))
-        attn: Optional[Tensor] = None
-        if self.encoder_attn is not None and encoder_out is not None:
-            h, attn = self.cross_attn_sublayer(
-                x, encoder_out, encoder_padding_mask, incremental_state, need_attn, need_head_weights
-            )
-            x = self.encoder_attn_layer_norm(self.residual_connection(h, x))
-        h = self.ffn_sublayer(x)
-        return self.final_layer_norm(self.residual_connection(h, x) + bottom), attn, None
+    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        if self.last:
+            return [state[0] + out + state[1]]
+        return with_main(state, state[0] + out)
 
 
 def b2t_init_scale(layers: int) -> float:
@@ -143,12 +79,12 @@ class B2T(ResidualScheme):
     output = "x"
     source = "Takase et al. 2023, arXiv 2206.00330, section 3, figure 3"
     reference = "takase/b2t_connection, fairseq/modules/transformer_layer.py"
+    recipe = ("WMT En-De recipe of the reference: lr 1e-3, warm-up 4000, clip-norm 0.1, dropout 0.3 (6L) / 0.5 "
+              "(18L); it has no IWSLT recipe")
+    final_norm_eps = None
 
-    def encoder_layer(self, cfg):
-        return B2TEncoderLayer(cfg)
-
-    def decoder_layer(self, cfg, no_encoder_attn):
-        return B2TDecoderLayer(cfg, no_encoder_attn)
+    def sublayer_residual(self, cfg, site):
+        return B2TResidual(site)
 
     def initialize(self, model, args):
         """Multiply every layer weight but the LayerNorms' by ``L^(-1/2)`` (encoder: L = N, decoder: M)."""

@@ -1,26 +1,35 @@
 """What a residual scheme is: the base class every scheme module subclasses.
 
-A scheme decides, for the encoder and the decoder of ``residual_transformer``:
+A scheme is either fairseq's own code (:attr:`ResidualScheme.fairseq_path`: Post-LN and Pre-LN run
+fairseq's layers and loops untouched), or a set of residual objects over the protocol of
+:mod:`fairseq_residual.residual`, which the one encoder/decoder layer (:mod:`fairseq_residual.layers`) and
+the one loop per stack (:mod:`fairseq_residual.encoder_decoder`) run. A protocol scheme says only:
 
-* which layers the stack builds (:meth:`ResidualScheme.encoder_layer` / :meth:`decoder_layer`; ``None``
-  keeps fairseq's own ``TransformerEncoderLayerBase`` / ``TransformerDecoderLayerBase``, with
-  ``normalize_before`` set from :attr:`ResidualScheme.normalize_before`),
-* how a stack starts and ends (:meth:`init_stack`, and :meth:`encoder_forward` /
-  :meth:`decoder_features` when the scheme needs its own loop over the layers; otherwise fairseq's
-  forward runs unchanged),
-* how the model is initialised after fairseq's own initialisation (:meth:`initialize`),
-* its own command-line options, their defaults and its option checks (:meth:`add_args`,
-  :meth:`fill_defaults`, :meth:`options`, :meth:`check_args`).
+* the residual of each sub-layer (:meth:`ResidualScheme.sublayer_residual`, given the sub-layer's
+  :class:`~fairseq_residual.residual.Site`), by default Pre-LN's ``x + drop(F(LN(x)))``;
+* the residual of each stack (:meth:`stack_residual`), by default one stream;
+* the stack's final LayerNorm (:attr:`final_norm_eps`, None for none);
+* how it is initialised after fairseq's initialisation (:meth:`initialize`), what runtime machinery it
+  needs on the first training batch (:meth:`training_hook`, Admin's profiling), how parameter names of
+  older checkpoints map to today's (:meth:`upgrade_state_dict`);
+* its own options (:attr:`OPTIONS`: flag, type, default, range; validated the same way for every
+  scheme) and the fairseq options it cannot honour (:meth:`check_args`).
 
-Everything else (embeddings, attention, FFN, output projection, incremental decoding caches) is
-fairseq's. A scheme object is stateless: the per-model constants live in the options object that
-:meth:`options` returns and that the stacks receive as ``cfg.residual_options``.
+A new single-stream scheme is one module with a :class:`~fairseq_residual.residual.SublayerResidual`
+subclass and a scheme class, plus one registry line in ``schemes/__init__.py``.
 """
 import argparse
+import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
+
+from ..residual import SublayerResidual, StackResidual
 
 STACKS = ("encoder", "decoder")
+
+
+class OptionError(ValueError):
+    """A residual option outside its range, or given for a scheme that is not selected."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,66 @@ class SchemeOptions:
     params: Any = None
 
 
+@dataclass(frozen=True)
+class Option:
+    """One option of a scheme (``--<dest with dashes>``, Hydra key ``model.<dest>``).
+
+    Attributes:
+        dest: the attribute name (``resi_dual_scale``).
+        type: ``float``, ``int`` or ``str``.
+        default: the value a model gets when the option is not given; None means "filled by the
+            scheme's :meth:`ResidualScheme.fill_defaults`" (e.g. a per-stack value that defaults to the
+            shared one).
+        help: the ``--help`` text (without the default and range, which are appended).
+        low, high: the closed range of a number (None: unbounded on that side); finiteness is always
+            required. ``low_open`` / ``high_open`` make an end open.
+        choices: the allowed values of a string option.
+        metavar: for ``--help``.
+    """
+
+    dest: str
+    type: type
+    default: Any
+    help: str
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: Optional[Tuple[str, ...]] = None
+    metavar: Optional[str] = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+    def range_text(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        lo = "-inf" if self.low is None else f"{self.low:g}"
+        hi = "inf" if self.high is None else f"{self.high:g}"
+        return f"{'(' if self.low_open or self.low is None else '['}{lo}, {hi}{')' if self.high_open or self.high is None else ']'}"
+
+    def check(self, value, scheme: str) -> None:
+        """Raise :class:`OptionError` naming the flag, the range and the value when ``value`` is outside."""
+        if value is None:
+            return
+        if self.choices is not None:
+            ok = value in self.choices
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if ok and self.type is int:
+                ok = float(value) == int(value)
+            if ok and self.low is not None:
+                ok = value > self.low if self.low_open else value >= self.low
+            if ok and self.high is not None:
+                ok = value < self.high if self.high_open else value <= self.high
+        if not ok:
+            raise OptionError(
+                f"{self.flag} (model.{self.dest}) must be {'in ' if not self.choices else ''}{self.range_text()}"
+                f" for --residual-scheme {scheme}, got {value!r}: {self.help}"
+            )
+
+
 class ResidualScheme:
     """One residual/normalisation scheme of ``residual_transformer``.
 
@@ -49,8 +118,18 @@ class ResidualScheme:
         output: the stack output as a formula.
         source: the paper (and equation or section) the formula comes from.
         reference: the reference implementation followed (repository and file), or "".
-        normalize_before: fairseq's ``normalize_before`` for the stacks (True only for Pre-LN-like
-            schemes); ``--{encoder,decoder}-normalize-before`` contradicting it is refused.
+        reading: where the authors never defined the encoder-decoder case, the project's reading of it
+            (README and the module docstring say it is ours), or "".
+        recipe: the training recipe the scheme's authors used (README).
+        fairseq_path: True for the schemes that are fairseq's own layers and loops (Post-LN, Pre-LN).
+        normalize_before: fairseq's ``normalize_before`` of a fairseq-path scheme; for any scheme, True
+            means ``--{encoder,decoder}-normalize-before`` is accepted (it would otherwise contradict
+            where the scheme puts LayerNorm, and is refused).
+        final_norm_eps: eps of the final LayerNorm of each stack of a protocol scheme, None for none
+            (:meth:`final_norm` may make it depend on the model's options).
+        has_layer_norm: False for schemes without any LayerNorm (``--layernorm-embedding`` is refused).
+        layerdrop: True when ``--{encoder,decoder}-layerdrop`` is allowed; else :attr:`no_layerdrop_reason`.
+        OPTIONS: the scheme's own options (:class:`Option`).
     """
 
     name: str = ""
@@ -61,95 +140,117 @@ class ResidualScheme:
     output: str = ""
     source: str = ""
     reference: str = ""
+    reading: str = ""
+    recipe: str = ""
+    fairseq_path: bool = False
     normalize_before: bool = False
+    final_norm_eps: Optional[float] = 1e-5
+    has_layer_norm: bool = True
+    layerdrop: bool = True
+    no_layerdrop_reason: str = ""
+    OPTIONS: Tuple[Option, ...] = ()
 
     # ------------------------------------------------------------------ options
     def add_args(self, parser: argparse.ArgumentParser) -> None:
-        """Add this scheme's own options to the model parser (no defaults: fairseq's presets fill
-        them, see :meth:`fill_defaults`)."""
+        """Add :attr:`OPTIONS` to the model parser (no defaults: fairseq's presets fill them)."""
+        for o in self.OPTIONS:
+            extra = {"choices": o.choices} if o.choices else {"type": o.type}
+            default = "" if o.default is None else f"; default {o.default}"
+            rng = "" if o.choices else f"; range {o.range_text()}"
+            parser.add_argument(o.flag, metavar=o.metavar, help=f"{self.label}: {o.help}{rng}{default}", **extra)
 
     def fill_defaults(self, args) -> None:
         """Fill this scheme's options the user did not give (fairseq ``--arch`` preset convention).
         Called for every registered scheme, whichever is selected, so checkpoints hold every key."""
+        for o in self.OPTIONS:
+            if getattr(args, o.dest, None) is None and o.default is not None:
+                setattr(args, o.dest, o.default)
 
-    def options(self, args) -> Any:
-        """This scheme's validated constants read from ``args`` (None when it has none).
+    def given_options(self, args):
+        """The flags of this scheme's options set to something else than their default."""
+        return [o.flag for o in self.OPTIONS
+                if o.default is not None and getattr(args, o.dest, None) not in (None, o.default)]
+
+    def validate(self, args) -> None:
+        """Check every option of this scheme against its range (whichever scheme is selected).
 
         Raises:
-            ValueError: an option value outside its range, naming the flag and the fix.
+            OptionError: naming the flag, its range and the value.
         """
+        for o in self.OPTIONS:
+            o.check(getattr(args, o.dest, None), self.name)
+
+    def options(self, args) -> Any:
+        """This scheme's constants read from validated ``args`` (None when it has none)."""
         return None
 
     def check_args(self, args) -> None:
         """Refuse fairseq options this scheme cannot honour (called only for the selected scheme).
 
-        The base check refuses a ``--{encoder,decoder}-normalize-before`` that contradicts
-        :attr:`normalize_before`: the scheme decides where LayerNorm goes.
-
         Raises:
             ValueError: naming the option and the fix.
         """
-        if self.normalize_before:
-            return
-        for stack in STACKS:
-            if getattr(args, f"{stack}_normalize_before", False):
-                raise ValueError(
-                    f"--{stack}-normalize-before asks for Pre-LN but --residual-scheme is "
-                    f"{self.name}: the scheme decides where LayerNorm goes; drop "
-                    f"--{stack}-normalize-before or use --residual-scheme pre_ln"
-                )
+        if not self.normalize_before:
+            for stack in STACKS:
+                if getattr(args, f"{stack}_normalize_before", False):
+                    raise ValueError(
+                        f"--{stack}-normalize-before asks for Pre-LN but --residual-scheme is "
+                        f"{self.name}: the scheme decides where LayerNorm goes; drop "
+                        f"--{stack}-normalize-before or use --residual-scheme pre_ln"
+                    )
+        if not self.has_layer_norm and getattr(args, "layernorm_embedding", False):
+            raise ValueError(
+                f"--layernorm-embedding adds a LayerNorm but --residual-scheme {self.name} has none anywhere: "
+                f"drop --layernorm-embedding"
+            )
+        if not self.layerdrop:
+            for stack in STACKS:
+                if (getattr(args, f"{stack}_layerdrop", 0) or 0) > 0:
+                    raise ValueError(
+                        f"--{stack}-layerdrop is not supported with --residual-scheme {self.name}: "
+                        f"{self.no_layerdrop_reason}; drop --{stack}-layerdrop"
+                    )
 
-    # ------------------------------------------------------------------ building
-    def encoder_layer(self, cfg) -> Optional[Any]:
-        """The encoder layer to build, or None for fairseq's ``TransformerEncoderLayerBase``."""
-        return None
+    # ------------------------------------------------------------------ building (protocol schemes)
+    def sublayer_residual(self, cfg, site) -> SublayerResidual:
+        """The residual of the sub-layer at ``site`` (default: Pre-LN's)."""
+        return SublayerResidual(site)
 
-    def decoder_layer(self, cfg, no_encoder_attn: bool) -> Optional[Any]:
-        """The decoder layer to build, or None for fairseq's ``TransformerDecoderLayerBase``."""
-        return None
+    def stack_residual(self, cfg, stack: str, num_layers: int, embed_dim: int) -> StackResidual:
+        """The residual of a stack (default: one stream)."""
+        return StackResidual(stack, num_layers, embed_dim)
 
-    def init_stack(self, stack, cfg) -> None:
-        """Add stack-level modules or constants after fairseq built the stack (``stack.stack`` is
-        'encoder' or 'decoder'); e.g. ResiDual's final LayerNorm over the dual stream."""
+    def final_norm(self, cfg, stack: str) -> Optional[float]:
+        """The eps of ``stack``'s final LayerNorm, None for none (default :attr:`final_norm_eps`)."""
+        return self.final_norm_eps
+
+    def encoder_layer(self, cfg, residuals):
+        """The encoder layer holding ``residuals`` (``{kind: SublayerResidual}``)."""
+        from ..layers import ResidualEncoderLayer
+
+        return ResidualEncoderLayer(cfg, residuals)
+
+    def decoder_layer(self, cfg, residuals, no_encoder_attn: bool):
+        """The decoder layer holding ``residuals``."""
+        from ..layers import ResidualDecoderLayer
+
+        return ResidualDecoderLayer(cfg, residuals, no_encoder_attn=no_encoder_attn, scheme=self.name)
 
     def initialize(self, model, args) -> None:
         """Re-initialise parameters after fairseq's own initialisation (depth-scaled schemes)."""
 
-    #: True when the scheme runs its own loop over the layers (:meth:`encoder_forward`,
-    #: :meth:`decoder_features`); False keeps fairseq's stack forward passes.
-    own_loop: bool = False
+    #: True when :meth:`training_hook` must run before the first training forward of a new model
+    needs_training_hook: bool = False
 
-    def encoder_loop(self, encoder, x, padding_mask, return_all_hiddens):
-        """The encoder's loop over its layers, for a scheme with :attr:`own_loop`.
+    def training_hook(self, model, net_input) -> None:
+        """Runtime machinery before the first training forward (``model(**net_input)`` follows)."""
 
-        Args:
-            encoder: the :class:`~fairseq_residual.encoder_decoder.ResidualTransformerEncoder`.
-            x: embedding output after dropout, padded positions zeroed, T x B x C.
-            padding_mask: B x T, True at padding, or None when the batch has none.
-            return_all_hiddens: also return the hidden state after the embedding and each layer.
+    def warn_before_hook(self, model) -> None:
+        """Called when ``model`` runs in eval mode (or is scripted) before its training hook ran."""
 
-        Returns:
-            ``(encoder_out, encoder_states)``: T x B x C, and a list of T x B x C (empty unless
-            ``return_all_hiddens``).
-        """
-        raise NotImplementedError(f"{self.name} runs fairseq's encoder loop")
-
-    def decoder_loop(self, decoder, x, inputs, alignment_layer):
-        """The decoder's loop over its layers, for a scheme with :attr:`own_loop`.
-
-        Args:
-            decoder: the :class:`~fairseq_residual.encoder_decoder.ResidualTransformerDecoder`.
-            x: embedding output after dropout, T x B x C (T = 1 in incremental decoding).
-            inputs: :class:`~fairseq_residual.encoder_decoder.DecoderInputs` (encoder output and
-                its padding mask, incremental state, self-attention masks).
-            alignment_layer: index of the layer whose cross-attention weights are returned.
-
-        Returns:
-            ``(features, attn, inner_states)``: T x B x C before the output projection, the
-            alignment layer's attention (heads x B x T x S) or None, and the hidden states after the
-            embedding and after each layer (list of T x B x C).
-        """
-        raise NotImplementedError(f"{self.name} runs fairseq's decoder loop")
+    def upgrade_state_dict(self, state_dict, prefix: str, stack: str) -> None:
+        """Rename the parameters of older checkpoints of this scheme in place (keys start with ``prefix``,
+        e.g. ``encoder.``)."""
 
     def __repr__(self):
         return f"<residual scheme {self.name} ({self.label})>"

@@ -17,12 +17,9 @@ LiyuanLucasLiu/Transformer-Clinic use ``beta_enc = 0.87 * (N^4 M)^(-1/16)`` and 
 matrices with ``xavier_normal_(gain=beta)`` (biases 0, q/k gain 1) instead of scaling the default
 initialisation (see github.com/microsoft/torchscale/issues/16). Decoder beta and both alphas agree.
 
-The layers are fairseq's own with one change, the residual term: nothing else is re-implemented, and
-incremental decoding is fairseq's.
+The sub-layers are fairseq's; the residual is :class:`DeepNormResidual` over the residual protocol.
 """
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
-
-from ..layers import refuse_decoder_extras
+from ..residual import NORM_OUTPUT, SublayerResidual, with_main
 from .base import ResidualScheme
 
 #: Parameters whose initialisation DeepNorm scales by beta (torchscale's ``deepnorm`` init).
@@ -47,38 +44,24 @@ def deepnorm_constants(encoder_layers: int, decoder_layers: int):
     )
 
 
-class DeepNormEncoderLayer(TransformerEncoderLayerBase):
-    """fairseq's Post-LN encoder layer with the residual ``alpha * x + h`` (``h = drop(F(x))``).
+class DeepNormResidual(SublayerResidual):
+    """``x = LN(alpha * x + h)``, ``h = drop(F(x))``, alpha the stack's constant.
 
     Args:
-        cfg: fairseq ``TransformerConfig`` (``cfg.encoder.layers`` = N, ``cfg.decoder.layers`` = M).
+        site: the sub-layer (its stack and N, M give alpha).
     """
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        self.deepnorm_alpha = deepnorm_constants(cfg.encoder.layers, cfg.decoder.layers)["encoder_alpha"]
+    NORM = NORM_OUTPUT
 
-    def residual_connection(self, x, residual):
-        """``alpha * residual + x``: residual = the sub-layer input, x = its dropped-out output, T x B x C."""
-        return residual * self.deepnorm_alpha + x
+    def __init__(self, site):
+        super().__init__(site)
+        self.alpha = deepnorm_constants(site.encoder_layers, site.decoder_layers)[f"{site.stack}_alpha"]
 
+    def update(self, state, out):
+        return with_main(state, state[0] * self.alpha + out)
 
-class DeepNormDecoderLayer(TransformerDecoderLayerBase):
-    """fairseq's Post-LN decoder layer with the residual ``alpha * x + h`` for all three sub-layers.
-
-    Args:
-        cfg: fairseq ``TransformerConfig``; NormFormer options and ``--cross-self-attention`` are refused.
-        no_encoder_attn: build no encoder-decoder attention.
-    """
-
-    def __init__(self, cfg, no_encoder_attn=False):
-        refuse_decoder_extras(cfg, "deepnorm")
-        super().__init__(cfg, no_encoder_attn=no_encoder_attn)
-        self.deepnorm_alpha = deepnorm_constants(cfg.encoder.layers, cfg.decoder.layers)["decoder_alpha"]
-
-    def residual_connection(self, x, residual):
-        """``alpha * residual + x``, T x B x C."""
-        return residual * self.deepnorm_alpha + x
+    def extra_repr(self):
+        return f"alpha={self.alpha:.4f}"
 
 
 class DeepNorm(ResidualScheme):
@@ -90,12 +73,13 @@ class DeepNorm(ResidualScheme):
     output = "x"
     source = "Wang et al. 2022, arXiv 2203.00555, section 3, table 1"
     reference = "microsoft/torchscale, torchscale/architecture/encoder.py, decoder.py"
+    recipe = ("neither torchscale nor Transformer-Clinic ships a DeepNorm translation recipe; torchscale's MT "
+              "example (examples/fairseq/README.md) trains with Adam (0.9, 0.98), lr 5e-4, inverse_sqrt warm-up "
+              "4000, dropout 0.3, weight decay 1e-4: the Post-LN recipe of configs/")
+    final_norm_eps = None
 
-    def encoder_layer(self, cfg):
-        return DeepNormEncoderLayer(cfg)
-
-    def decoder_layer(self, cfg, no_encoder_attn):
-        return DeepNormDecoderLayer(cfg, no_encoder_attn)
+    def sublayer_residual(self, cfg, site):
+        return DeepNormResidual(site)
 
     def initialize(self, model, args):
         """Multiply fc1, fc2, v_proj and out_proj (weights and biases) of each stack by its beta."""

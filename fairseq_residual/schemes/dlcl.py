@@ -12,9 +12,11 @@ layer reads the mean of the normalised history. The combination is per layer, no
 As wangqiangneu/dlcl computes it (``fairseq/modules/dlcl.py``, ``DynamicLinearCombination`` with
 ``normalize_before=True``; ``fairseq/models/dlcl_transformer.py``), with its defaults: no softmax on W, no
 history dropout, full window, y_0 not normalised (its ``--normalize-embedding`` flag has no effect).
-Parameter names are the reference's: ``{encoder,decoder}.history.weight`` (here 2-D, as in its
-``modules/layer_history.py``; ``dlcl.py`` stores an (L+1) x (L+1) x 1 tensor) and
-``{encoder,decoder}.history.layer_norms.1..L`` (index 0 is the identity and has no parameters).
+Over the residual protocol, the combination is the stack's residual (:class:`DLCLStack`), the layers are
+Pre-LN (the protocol's default residual). Parameters: ``{encoder,decoder}.residual.weight`` (the
+reference's ``history.weight``, here 2-D as in its ``modules/layer_history.py``; ``dlcl.py`` stores an
+(L+1) x (L+1) x 1 tensor) and ``{encoder,decoder}.residual.layer_norms.1..L`` (index 0 is the identity and
+has no parameters); checkpoints of earlier versions of this plugin (``history.*``) are renamed on load.
 The reference's post-norm variant is not implemented.
 
 Incremental decoding needs no state beyond fairseq's attention caches: the combination mixes the outputs
@@ -25,13 +27,15 @@ does.
 
 fairseq's layer-drop is refused: it would skip a layer and shift the history's indices.
 """
-from typing import List, Optional
+import re
+from typing import List
 
 import torch
 from torch import Tensor, nn
 
 from fairseq.modules import LayerNorm
 
+from ..residual import StackResidual
 from .base import ResidualScheme
 
 
@@ -42,17 +46,19 @@ def average_weight(num_layers: int) -> Tensor:
     return mask / mask.sum(dim=1, keepdim=True)
 
 
-class LayerHistory(nn.Module):
+class DLCLStack(StackResidual):
     """The learnable combination of one stack: ``weight`` (L+1) x (L+1) and ``layer_norms`` LN_0..LN_L.
 
+    State: ``[x, LN_0(y_0), ..., LN_l(y_l)]``, the next layer's input and the normalised history; after
+    a layer, element 0 is that layer's output y (the view).
+
     Args:
-        num_layers: L, the stack's number of layers.
-        embed_dim: width of the stack's layers.
+        stack, num_layers, embed_dim: as :class:`~fairseq_residual.residual.StackResidual`.
         export: build LayerNorms that TorchScript can export (fairseq's ``--export``).
     """
 
-    def __init__(self, num_layers: int, embed_dim: int, export: bool = False):
-        super().__init__()
+    def __init__(self, stack: str, num_layers: int, embed_dim: int, export: bool = False):
+        super().__init__(stack, num_layers, embed_dim)
         self.weight = nn.Parameter(average_weight(num_layers))
         self.layer_norms = nn.ModuleList(
             [nn.Identity()] + [LayerNorm(embed_dim, export=export) for _ in range(num_layers)]
@@ -66,6 +72,18 @@ class LayerHistory(nn.Module):
             out = torch.addcmul(out, history[k], w[k])
         return out
 
+    def start(self, x: Tensor) -> List[Tensor]:
+        return [self.combine(0, [x]), x]  # LN_0 = identity
+
+    def between(self, index: int, state: List[Tensor]) -> List[Tensor]:
+        y = state[0]
+        normed = y
+        for k, norm in enumerate(self.layer_norms):  # LN_{index+1}; TorchScript indexes modules in a loop
+            if k == index + 1:
+                normed = norm(y)
+        history = state[1:] + [normed]
+        return [self.combine(index + 1, history)] + history
+
 
 class DLCL(ResidualScheme):
     name = "dlcl"
@@ -76,61 +94,21 @@ class DLCL(ResidualScheme):
     output = "LN_final(sum_{k<=L} W[L,k]*LN_k(y_k))"
     source = "Wang et al. 2019, ACL, 'Learning Deep Transformer Models for Machine Translation', section 3"
     reference = "wangqiangneu/dlcl, fairseq/modules/dlcl.py, fairseq/models/dlcl_transformer.py (pre-norm)"
+    recipe = ("the pre-norm variant of the paper's tables (the reference also has a post-norm one, not offered); "
+              "WMT: Adam (0.9, 0.997), lr 2e-3, warm-up 16000")
     normalize_before = True
+    layerdrop = False
+    no_layerdrop_reason = "a dropped layer would shift the layer history W[l,k]"
 
-    def check_args(self, args):
-        super().check_args(args)
-        for stack in ("encoder", "decoder"):
-            if (getattr(args, f"{stack}_layerdrop", 0) or 0) > 0:
-                raise ValueError(
-                    f"--{stack}-layerdrop is not supported with --residual-scheme dlcl: a dropped layer "
-                    f"would shift the layer history W[l,k]; drop --{stack}-layerdrop"
-                )
+    def stack_residual(self, cfg, stack, num_layers, embed_dim):
+        return DLCLStack(stack, num_layers, embed_dim, export=cfg.export)
 
-    def init_stack(self, stack, cfg):
-        embed_dim = stack.embed_dim if stack.stack == "decoder" else stack.embed_tokens.embedding_dim
-        stack.history = LayerHistory(len(stack.layers), embed_dim, export=cfg.export)
-
-    own_loop = True
-
-    @staticmethod
-    def _final(stack, x: Tensor) -> Tensor:
-        return stack.layer_norm(x) if stack.layer_norm is not None else x
-
-    def encoder_loop(self, encoder, x, padding_mask, return_all_hiddens):
-        """DLCL loop; ``encoder_states`` holds y_0 .. y_L (embedding and layer outputs)."""
-        history = encoder.history
-        normed: List[Tensor] = [x]  # LN_0 = identity
-        encoder_states: List[Tensor] = [x] if return_all_hiddens else []
-        for idx, layer in enumerate(encoder.layers):
-            y = layer(history.combine(idx, normed), encoder_padding_mask=padding_mask)
-            normed.append(history.layer_norms[idx + 1](y))
-            if return_all_hiddens:
-                encoder_states.append(y)
-        return self._final(encoder, history.combine(len(encoder.layers), normed)), encoder_states
-
-    def decoder_loop(self, decoder, x, inputs, alignment_layer):
-        """DLCL loop; ``inner_states`` holds y_0 .. y_L (embedding and layer outputs)."""
-        history = decoder.history
-        normed: List[Tensor] = [x]
-        attn: Optional[Tensor] = None
-        inner_states: List[Optional[Tensor]] = [x]
-        for idx, layer in enumerate(decoder.layers):
-            y, layer_attn, _ = layer(
-                history.combine(idx, normed),
-                inputs.encoder_out,
-                inputs.encoder_padding_mask,
-                inputs.incremental_state,
-                self_attn_mask=inputs.self_attn_mask,
-                self_attn_padding_mask=inputs.self_attn_padding_mask,
-                need_attn=bool(idx == alignment_layer),
-                need_head_weights=bool(idx == alignment_layer),
-            )
-            normed.append(history.layer_norms[idx + 1](y))
-            inner_states.append(y)
-            if layer_attn is not None and idx == alignment_layer:
-                attn = layer_attn
-        return self._final(decoder, history.combine(len(decoder.layers), normed)), attn, inner_states
+    def upgrade_state_dict(self, state_dict, prefix, stack):
+        """``{stack}.history.*`` of earlier versions of this plugin is ``{stack}.residual.*``."""
+        pattern = re.compile(rf"^{re.escape(prefix)}history\.")
+        for key in list(state_dict):
+            if pattern.match(key):
+                state_dict[prefix + "residual." + key[len(prefix) + len("history."):]] = state_dict.pop(key)
 
 
 SCHEME = DLCL()

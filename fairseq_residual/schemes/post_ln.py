@@ -15,6 +15,8 @@ class PostLN(ResidualScheme):
     output = "x"
     source = "Vaswani et al. 2017, arXiv 1706.03762, section 3.1"
     reference = "fairseq, fairseq/modules/transformer_layer.py (normalize_before=False)"
+    fairseq_path = True
+    final_norm_eps = None
 
 
 SCHEME = PostLN()

@@ -3,6 +3,8 @@
 
 fairseq's own layers and forward passes with ``normalize_before=True``: nothing is re-implemented, so
 the scheme is fairseq's ``transformer --encoder-normalize-before --decoder-normalize-before`` bit for bit.
+The protocol's default residual (:class:`~fairseq_residual.residual.SublayerResidual`) is the same
+computation; schemes that build on Pre-LN (DLCL, Peri-LN, LayerNorm Scaling, ...) use it.
 """
 from .base import ResidualScheme
 
@@ -16,6 +18,7 @@ class PreLN(ResidualScheme):
     output = "LN_final(x)"
     source = "Xiong et al. 2020, arXiv 2002.04745, section 3"
     reference = "fairseq, fairseq/modules/transformer_layer.py (normalize_before=True)"
+    fairseq_path = True
     normalize_before = True
 
 

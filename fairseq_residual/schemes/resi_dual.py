@@ -10,7 +10,8 @@ Both start from the embedding output (``x_a = emb``, ``x_d = c * emb``), and the
 ``alpha * x_a + LN_final(x_d)``, with ``LN_final`` eps 1e-7, for the encoder (its output feeds
 cross-attention) and the decoder (its output goes to the output projection); this is what the authors'
 code (github.com/microsoft/ResiDual, ``resi_dual/``) computes. ``c`` (``--resi-dual-scale``, per stack)
-keeps the running sum inside the fp16 range: ``LN(c*x) = LN(x)`` up to eps. ``alpha`` is the weight of the
+keeps the running sum inside the fp16 range: ``LN(c*x) = LN(x)``, exactly here, as LN_final's eps scales
+with c^2 (the authors' code keeps it at 1e-7). ``alpha`` is the weight of the
 Post-LN stream in the output (1 in the paper).
 
 Ablation, off by default: ``--resi-dual-start-from zeros`` starts the dual stream from zeros instead of the
@@ -22,34 +23,39 @@ term: ``x_d = c * sum(h)``.
 ``x_d`` at position t depends only on position t's own sub-layer outputs, so incremental decoding needs
 no cached state for it: the attention key/value caches (reordered by fairseq's
 ``reorder_incremental_state``) are all that carries across time steps.
+
+Over the residual protocol: the state is ``[x_a, x_d]`` (:class:`ResiDualResidual` per sub-layer,
+:class:`ResiDualStack` per stack); the stack's ``layer_norm`` is ``LN_final`` (same parameter name as
+fairseq's Pre-LN final norm), applied to ``x_d``.
 """
-import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List
 
 import torch
 from torch import Tensor
 
-from fairseq.modules import LayerNorm
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from ..residual import NORM_OUTPUT, StackResidual, SublayerResidual
+from .base import Option, ResidualScheme
 
-from ..layers import DecoderSublayers, EncoderSublayers, additive_attn_mask, refuse_decoder_extras
-from .base import STACKS, ResidualScheme
-
-# eps of ResiDual's final LayerNorm over the dual stream (the authors' value; fairseq's default is 1e-5).
-# LN(c * x_d) == LN(x_d) only when eps is negligible against var(c * x_d), hence the tiny value.
+#: eps of ResiDual's final LayerNorm over the dual stream at c = 1 (the authors' value; fairseq's default is
+#: 1e-5). The stack's LN_final uses ``FINAL_LN_EPS * c**2``, so that ``LN_final(c * x_d) = LN_final(x_d)``
+#: exactly, whatever c: with the authors' fixed 1e-7 a c below about 0.02 changes the model (log-probs of a
+#: tiny model move by 2e-4 at c = 0.02, 8e-4 at 0.01, 0.08 at 0.001; tests/test_resi_dual_scale.py).
 FINAL_LN_EPS = 1e-7
 #: What the dual stream can start from: the embedding output (the authors' code) or zeros (ablation).
 START_FROM = ("embedding", "zeros")
+#: the smallest dual-stream scale c: smaller values would push c*h (h ~ 1e-2) towards fp16's subnormals,
+#: where it loses precision; 0.01 leaves 5x more fp16 headroom than the authors' 0.05
+MIN_SCALE = 0.01
 
 
 @dataclass(frozen=True)
 class ResiDualOptions:
-    """ResiDual's constants of one model.
+    """ResiDual's constants of one model (validated by the scheme's :attr:`~ResiDual.OPTIONS`).
 
     Attributes:
-        encoder_scale, decoder_scale: dual-stream scale c per stack, 0 < c <= 1.
-        encoder_alpha, decoder_alpha: weight alpha of ``x_a`` in the stack output, finite.
+        encoder_scale, decoder_scale: dual-stream scale c per stack.
+        encoder_alpha, decoder_alpha: weight alpha of ``x_a`` in the stack output.
         start_from: what the dual stream starts from, ``embedding`` (the authors' code) or ``zeros``.
     """
 
@@ -58,25 +64,6 @@ class ResiDualOptions:
     encoder_alpha: float = 1.0
     decoder_alpha: float = 1.0
     start_from: str = "embedding"
-
-    def __post_init__(self):
-        for name in ("encoder_scale", "decoder_scale"):
-            c = getattr(self, name)
-            if not (isinstance(c, (int, float)) and math.isfinite(c) and 0.0 < c <= 1.0):
-                flag = "--" + name.replace("_scale", "-resi-dual-scale")
-                raise ValueError(
-                    f"{flag} (or --resi-dual-scale) must be in (0, 1], got {c!r}: it scales the dual "
-                    f"stream x_d = c*emb + c*sum(h); use 1.0 for fp32/bf16 and e.g. 0.05 for fp16"
-                )
-        for name in ("encoder_alpha", "decoder_alpha"):
-            a = getattr(self, name)
-            if not (isinstance(a, (int, float)) and math.isfinite(a)):
-                flag = "--" + name.replace("_alpha", "-resi-dual-alpha")
-                raise ValueError(f"{flag} must be a finite number, got {a!r}")
-        if self.start_from not in START_FROM:
-            raise ValueError(
-                f"--resi-dual-start-from must be one of {', '.join(START_FROM)}, got {self.start_from!r}"
-            )
 
     def scale(self, stack):
         """Dual-stream scale c of ``stack`` ('encoder' or 'decoder')."""
@@ -93,121 +80,76 @@ def add_to_dual_stream(x_d: Tensor, h: Tensor, scale: float) -> Tensor:
     Args:
         x_d: dual stream, T x B x C.
         h: dropped-out sub-layer output, T x B x C.
-        scale: the stack's dual-stream scale c, 0 < c <= 1.
+        scale: the stack's dual-stream scale c.
     """
-    return torch.add(x_d, h, alpha=scale) if scale != 1.0 else x_d + h
+    if scale != 1.0:
+        return torch.add(x_d, h, alpha=scale)
+    return x_d + h
 
 
-class ResiDualEncoderLayer(EncoderSublayers, TransformerEncoderLayerBase):
-    """Encoder layer of ResiDual: self-attention and FFN sub-layers, each feeding both streams.
+class ResiDualResidual(SublayerResidual):
+    """One sub-layer of ResiDual: state ``[x_a, x_d]``; ``x_a = LN(x_a + h)``, ``x_d = x_d + c*h``, with the
+    same ``h = drop(F(x_a))``.
 
     Args:
-        cfg: fairseq ``TransformerConfig`` (``cfg.encoder.normalize_before`` must be False: the
-            ``x_a`` stream is Post-LN).
-        dual_scale: the encoder's dual-stream scale c.
-
-    Mirrors :class:`fairseq.modules.TransformerEncoderLayerBase` with normalize_before=False for
-    ``x_a``; the only difference is that each sub-layer's dropped-out output ``h`` is also added to
-    ``x_d``.
+        site: the sub-layer.
+        scale: the stack's dual-stream scale c.
     """
 
-    def __init__(self, cfg, dual_scale: float = 1.0):
-        if cfg.encoder.normalize_before:
-            raise ValueError("ResiDual encoder layers need encoder.normalize_before=False")
-        super().__init__(cfg, return_fc=False)
-        self.dual_scale = float(dual_scale)
+    NORM = NORM_OUTPUT
 
-    def forward(
-        self,
-        x: Tensor,
-        x_d: Tensor,
-        encoder_padding_mask: Optional[Tensor],
-        attn_mask: Optional[Tensor] = None,
-    ):
-        """
-        Args:
-            x: the Post-LN stream ``x_a``, T x B x C.
-            x_d: the dual stream, T x B x C.
-            encoder_padding_mask: B x T, True at padding, or None.
-            attn_mask: T_tgt x T_src, 1 where attention is forbidden (as in fairseq), or None.
+    def __init__(self, site, scale: float):
+        super().__init__(site)
+        self.dual_scale = float(scale)
 
-        Returns:
-            ``(x_a, x_d)``, both T x B x C.
-        """
-        h = self.self_attn_sublayer(x, encoder_padding_mask, additive_attn_mask(attn_mask, x))
-        x = self.self_attn_layer_norm(self.residual_connection(h, x))
-        x_d = add_to_dual_stream(x_d, h, self.dual_scale)
+    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        return [state[0] + out, add_to_dual_stream(state[1], out, self.dual_scale)]
 
-        h = self.ffn_sublayer(x)
-        x = self.final_layer_norm(self.residual_connection(h, x))
-        x_d = add_to_dual_stream(x_d, h, self.dual_scale)
-        return x, x_d
+    def extra_repr(self):
+        return f"c={self.dual_scale:g}"
 
 
-class ResiDualDecoderLayer(DecoderSublayers, TransformerDecoderLayerBase):
-    """Decoder layer of ResiDual: self-attention, encoder-decoder attention and FFN sub-layers.
+class ResiDualStack(StackResidual):
+    """ResiDual's two streams in one stack: start ``[emb, c*emb]`` (or ``[emb, 0]``), output
+    ``alpha * x_a + LN_final(x_d)`` (paper eq. 6); the view is ``x_a``, the extra stream ``x_d``.
 
     Args:
-        cfg: fairseq ``TransformerConfig`` (``cfg.decoder.normalize_before`` must be False).
-        no_encoder_attn: build no encoder-decoder attention (decoder-only use).
-        dual_scale: the decoder's dual-stream scale c.
-
-    Mirrors :class:`fairseq.modules.TransformerDecoderLayerBase` with normalize_before=False for
-    ``x_a``. NormFormer options (``--scale-attn`` etc.) and ``--cross-self-attention`` are refused.
+        stack, num_layers, embed_dim: as :class:`~fairseq_residual.residual.StackResidual`.
+        scale: c; alpha: the weight of ``x_a``; start_zeros: start ``x_d`` from zeros.
     """
 
-    def __init__(self, cfg, no_encoder_attn=False, dual_scale: float = 1.0):
-        if cfg.decoder.normalize_before:
-            raise ValueError("ResiDual decoder layers need decoder.normalize_before=False")
-        refuse_decoder_extras(cfg, "resi_dual")
-        super().__init__(cfg, no_encoder_attn=no_encoder_attn)
-        self.dual_scale = float(dual_scale)
+    def __init__(self, stack: str, num_layers: int, embed_dim: int, scale: float, alpha: float, start_zeros: bool):
+        super().__init__(stack, num_layers, embed_dim)
+        self.dual_scale = float(scale)
+        self.resi_dual_alpha = float(alpha)
+        self.dual_start_zeros = bool(start_zeros)
 
-    def forward(
-        self,
-        x: Tensor,
-        x_d: Tensor,
-        encoder_out: Optional[Tensor] = None,
-        encoder_padding_mask: Optional[Tensor] = None,
-        incremental_state=None,
-        self_attn_mask: Optional[Tensor] = None,
-        self_attn_padding_mask: Optional[Tensor] = None,
-        need_attn: bool = False,
-        need_head_weights: bool = False,
-    ):
-        """
-        Args:
-            x: the Post-LN stream ``x_a``, T x B x C (T = 1 during incremental decoding).
-            x_d: the dual stream, T x B x C.
-            encoder_out: encoder output, S x B x C, or None.
-            encoder_padding_mask: B x S, True at padding, or None.
-            incremental_state: fairseq's decoding cache (attention keys/values), or None.
-            self_attn_mask: T x T future mask (additive, -inf above the diagonal), or None.
-            self_attn_padding_mask: B x T, True at padding, or None.
-            need_attn, need_head_weights: return the cross-attention weights (as fairseq).
+    def start(self, x: Tensor) -> List[Tensor]:
+        """``x_d = c * x``; x itself when c == 1 (no copy: the dual stream is only ever updated out of
+        place); zeros with ``--resi-dual-start-from zeros``."""
+        if self.dual_start_zeros:
+            return [x, torch.zeros_like(x)]
+        if self.dual_scale == 1.0:
+            return [x, x]
+        return [x, x * self.dual_scale]
 
-        Returns:
-            ``(x_a, x_d, attn)``: two T x B x C tensors and the cross-attention weights
-            (heads x B x T x S when ``need_head_weights``, B x T x S when ``need_attn``) or None.
-        """
-        if need_head_weights:
-            need_attn = True
-        h = self.self_attn_sublayer(x, incremental_state, self_attn_mask, self_attn_padding_mask)
-        x = self.self_attn_layer_norm(self.residual_connection(h, x))
-        x_d = add_to_dual_stream(x_d, h, self.dual_scale)
+    def final_input(self, state: List[Tensor]) -> Tensor:
+        return state[1]
 
-        attn: Optional[Tensor] = None
-        if self.encoder_attn is not None and encoder_out is not None:
-            h, attn = self.cross_attn_sublayer(
-                x, encoder_out, encoder_padding_mask, incremental_state, need_attn, need_head_weights
-            )
-            x = self.encoder_attn_layer_norm(self.residual_connection(h, x))
-            x_d = add_to_dual_stream(x_d, h, self.dual_scale)
+    def finish(self, state: List[Tensor], normed: Tensor) -> Tensor:
+        """``alpha * x_a + LN_final(x_d)``, T x B x C."""
+        return torch.add(normed, state[0], alpha=self.resi_dual_alpha)
 
-        h = self.ffn_sublayer(x)
-        x = self.final_layer_norm(self.residual_connection(h, x))
-        x_d = add_to_dual_stream(x_d, h, self.dual_scale)
-        return x, x_d, attn
+    @torch.jit.unused
+    def streams(self, state: List[Tensor]) -> Dict[str, Tensor]:
+        return {"x_d": state[1]}
+
+    def extra_repr(self):
+        return f"c={self.dual_scale:g}, alpha={self.resi_dual_alpha:g}, start={'zeros' if self.dual_start_zeros else 'embedding'}"
+
+
+def _scale_option(dest, help):
+    return Option(dest, float, None if dest != "resi_dual_scale" else 1.0, help, low=MIN_SCALE, high=1.0, metavar="C")
 
 
 class ResiDual(ResidualScheme):
@@ -219,49 +161,33 @@ class ResiDual(ResidualScheme):
     output = "alpha * x_a + LN_final(x_d)"
     source = "Xie et al. 2023, arXiv 2304.14802, section 3.2, eq. 4-6"
     reference = "github.com/microsoft/ResiDual, resi_dual/"
-
-    def add_args(self, parser):
-        parser.add_argument(
-            "--resi-dual-scale",
-            type=float,
-            metavar="C",
-            help="ResiDual: scale c of the dual stream, x_d = c*emb + c*sum(h), for both stacks; "
-            "0 < c <= 1 (default 1.0); a small c (e.g. 0.05) keeps x_d inside the fp16 range without "
-            "changing the output, since LN(c*x) = LN(x)",
-        )
-        for stack in STACKS:
-            parser.add_argument(
-                f"--{stack}-resi-dual-scale",
-                type=float,
-                metavar="C",
-                help=f"ResiDual: dual-stream scale c of the {stack} (default: --resi-dual-scale)",
-            )
-        for stack in STACKS:
-            parser.add_argument(
-                f"--{stack}-resi-dual-alpha",
-                type=float,
-                metavar="A",
-                help=f"ResiDual: weight alpha of the Post-LN stream in the {stack} output "
-                "alpha*x_a + LN(x_d) (default 1.0)",
-            )
-
-        parser.add_argument(
-            "--resi-dual-start-from",
-            choices=START_FROM,
-            help="ResiDual: start the dual stream from the embedding output, x_d = c*emb (default, the "
-            "authors' code), or from zeros, x_d = c*sum(h) (ablation)",
-        )
+    recipe = ("the authors' configs (github.com/microsoft/ResiDual): IWSLT14 lr 5e-4, WMT14 1e-3, OPUS-100 4e-3 "
+              "(c = 0.05, fp16), inverse_sqrt warm-up 4000 (OPUS 8000), dropout 0.3 (OPUS 0.1): configs/")
+    final_norm_eps = FINAL_LN_EPS
+    OPTIONS = (
+        _scale_option("resi_dual_scale", "scale c of the dual stream, x_d = c*emb + c*sum(h), for both stacks; "
+                      "a small c (e.g. 0.05) keeps x_d inside the fp16 range without changing the output: "
+                      "LN_final(c*x) = LN_final(x), its eps scaled by c^2"),
+        _scale_option("encoder_resi_dual_scale", "dual-stream scale c of the encoder (default: --resi-dual-scale)"),
+        _scale_option("decoder_resi_dual_scale", "dual-stream scale c of the decoder (default: --resi-dual-scale)"),
+        Option("encoder_resi_dual_alpha", float, 1.0, "weight alpha of the Post-LN stream in the encoder output "
+               "alpha*x_a + LN(x_d)", low=0.0, high=10.0, metavar="A"),
+        Option("decoder_resi_dual_alpha", float, 1.0, "weight alpha of the Post-LN stream in the decoder output "
+               "alpha*x_a + LN(x_d)", low=0.0, high=10.0, metavar="A"),
+        Option("resi_dual_start_from", str, "embedding", "start the dual stream from the embedding output, "
+               "x_d = c*emb (the authors' code), or from zeros, x_d = c*sum(h) (ablation)", choices=START_FROM),
+    )
 
     def fill_defaults(self, args):
-        shared = getattr(args, "resi_dual_scale", None)
-        args.resi_dual_scale = 1.0 if shared is None else shared
-        for stack in STACKS:
+        super().fill_defaults(args)
+        for stack in ("encoder", "decoder"):
             if getattr(args, f"{stack}_resi_dual_scale", None) is None:
                 setattr(args, f"{stack}_resi_dual_scale", args.resi_dual_scale)
-            if getattr(args, f"{stack}_resi_dual_alpha", None) is None:
-                setattr(args, f"{stack}_resi_dual_alpha", 1.0)
-        if getattr(args, "resi_dual_start_from", None) is None:
-            args.resi_dual_start_from = "embedding"
+
+    def given_options(self, args):
+        per_stack = [f"--{s}-resi-dual-scale" for s in ("encoder", "decoder")
+                     if getattr(args, f"{s}_resi_dual_scale", None) not in (None, getattr(args, "resi_dual_scale", 1.0))]
+        return super().given_options(args) + per_stack
 
     def options(self, args):
         return ResiDualOptions(
@@ -269,70 +195,20 @@ class ResiDual(ResidualScheme):
             decoder_scale=float(args.decoder_resi_dual_scale),
             encoder_alpha=float(args.encoder_resi_dual_alpha),
             decoder_alpha=float(args.decoder_resi_dual_alpha),
-            start_from=getattr(args, "resi_dual_start_from", "embedding"),
+            start_from=args.resi_dual_start_from,
         )
 
-    def encoder_layer(self, cfg):
-        return ResiDualEncoderLayer(cfg, dual_scale=cfg.residual_options.params.encoder_scale)
+    def final_norm(self, cfg, stack):
+        """LN_final's eps, ``FINAL_LN_EPS * c**2``: LN_final(c * x_d) is LN_final(x_d) for every c."""
+        return FINAL_LN_EPS * cfg.residual_options.params.scale(stack) ** 2
 
-    def decoder_layer(self, cfg, no_encoder_attn):
-        return ResiDualDecoderLayer(cfg, no_encoder_attn, dual_scale=cfg.residual_options.params.decoder_scale)
+    def sublayer_residual(self, cfg, site):
+        return ResiDualResidual(site, cfg.residual_options.params.scale(site.stack))
 
-    def init_stack(self, stack, cfg):
+    def stack_residual(self, cfg, stack, num_layers, embed_dim):
         opts: ResiDualOptions = cfg.residual_options.params
-        stack.dual_scale = opts.scale(stack.stack)
-        stack.resi_dual_alpha = opts.alpha(stack.stack)
-        stack.dual_start_zeros = opts.start_from == "zeros"
-        embed_dim = stack.embed_dim if stack.stack == "decoder" else stack.embed_tokens.embedding_dim
-        # LN_final over the dual stream; same parameter name as fairseq's Pre-LN final norm.
-        stack.layer_norm = LayerNorm(embed_dim, eps=FINAL_LN_EPS, export=cfg.export)
-
-    own_loop = True
-
-    @staticmethod
-    def start_dual_stream(stack, x: Tensor) -> Tensor:
-        """``x_d = c * x`` from the embedding output x (T x B x C); x itself when c == 1 (no copy:
-        the dual stream is only ever updated out of place); zeros with ``--resi-dual-start-from zeros``."""
-        if stack.dual_start_zeros:
-            return torch.zeros_like(x)
-        return x if stack.dual_scale == 1.0 else x * stack.dual_scale
-
-    @staticmethod
-    def output(stack, x_a: Tensor, x_d: Tensor) -> Tensor:
-        """Stack output ``alpha * x_a + LN_final(x_d)`` (paper eq. 6), T x B x C."""
-        return torch.add(stack.layer_norm(x_d), x_a, alpha=stack.resi_dual_alpha)
-
-    def encoder_loop(self, encoder, x, padding_mask, return_all_hiddens):
-        """Dual-stream loop; ``encoder_states`` holds the ``x_a`` stream after each layer."""
-        x_d = self.start_dual_stream(encoder, x)
-        encoder_states: List[Tensor] = [x] if return_all_hiddens else []
-        for layer in encoder.layers:
-            x, x_d = layer(x, x_d, padding_mask)
-            if return_all_hiddens:
-                encoder_states.append(x)
-        return self.output(encoder, x, x_d), encoder_states
-
-    def decoder_loop(self, decoder, x, inputs, alignment_layer):
-        """Dual-stream loop; ``inner_states`` holds the ``x_a`` stream after the embedding and each layer."""
-        x_d = self.start_dual_stream(decoder, x)
-        attn: Optional[Tensor] = None
-        inner_states: List[Optional[Tensor]] = [x]
-        for idx, layer in enumerate(decoder.layers):
-            x, x_d, layer_attn = layer(
-                x,
-                x_d,
-                inputs.encoder_out,
-                inputs.encoder_padding_mask,
-                inputs.incremental_state,
-                self_attn_mask=inputs.self_attn_mask,
-                self_attn_padding_mask=inputs.self_attn_padding_mask,
-                need_attn=bool(idx == alignment_layer),
-                need_head_weights=bool(idx == alignment_layer),
-            )
-            inner_states.append(x)
-            if layer_attn is not None and idx == alignment_layer:
-                attn = layer_attn
-        return self.output(decoder, x, x_d), attn, inner_states
+        return ResiDualStack(stack, num_layers, embed_dim, opts.scale(stack), opts.alpha(stack),
+                             opts.start_from == "zeros")
 
 
 SCHEME = ResiDual()

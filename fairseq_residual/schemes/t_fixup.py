@@ -24,22 +24,18 @@ Training: the reference trains without warm-up (``--lr-scheduler inverse_sqrt_no
 4000``, lr 5e-4; ``Train_IWSLT_TFixup_example.sh``), which ``fairseq_residual.lr_scheduler`` provides.
 A warm-up is allowed but logged as a departure from the recipe.
 
-The layers are fairseq's Post-LN layers with every LayerNorm replaced by the identity (no LayerNorm
-parameters in the checkpoint), so fairseq's forward, incremental decoding and caches run unchanged.
+The sub-layers are fairseq's; every residual is :class:`~fairseq_residual.residual.PlainResidual`
+(``x + h``), so the layers hold no LayerNorm and the checkpoint no LayerNorm parameters.
 """
 import logging
 import math
 
 import torch.nn as nn
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from ..layers import refuse_decoder_extras
+from ..residual import PlainResidual
 from .base import ResidualScheme
 
 logger = logging.getLogger(__name__)
-
-_LAYER_NORMS = ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")
-
 
 def t_fixup_constants(encoder_layers: int, decoder_layers: int):
     """T-Fixup's scales for N encoder and M decoder layers.
@@ -71,38 +67,6 @@ SCALED_WEIGHTS = {
 }
 
 
-def _drop_layer_norms(layer):
-    for name in _LAYER_NORMS:
-        if getattr(layer, name, None) is not None:
-            setattr(layer, name, nn.Identity())
-
-
-class TFixupEncoderLayer(TransformerEncoderLayerBase):
-    """fairseq's Post-LN encoder layer without LayerNorms: ``x = x + drop(F(x))`` per sub-layer.
-
-    Args:
-        cfg: fairseq ``TransformerConfig`` (``cfg.encoder.normalize_before`` False).
-    """
-
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        _drop_layer_norms(self)
-
-
-class TFixupDecoderLayer(TransformerDecoderLayerBase):
-    """fairseq's Post-LN decoder layer without LayerNorms, for all three sub-layers.
-
-    Args:
-        cfg: fairseq ``TransformerConfig``; NormFormer options and ``--cross-self-attention`` are refused.
-        no_encoder_attn: build no encoder-decoder attention.
-    """
-
-    def __init__(self, cfg, no_encoder_attn=False):
-        refuse_decoder_extras(cfg, "t_fixup")
-        super().__init__(cfg, no_encoder_attn=no_encoder_attn)
-        _drop_layer_norms(self)
-
-
 class TFixup(ResidualScheme):
     name = "t_fixup"
     label = "T-Fixup"
@@ -112,19 +76,19 @@ class TFixup(ResidualScheme):
     output = "x"
     source = "Huang et al. 2020, ICML, section 3.3, algorithm 1"
     reference = "layer6ai-labs/T-Fixup, fairseq/modules/transformer_layer.py, fairseq/models/transformer.py"
+    recipe = ("no warm-up: --lr-scheduler inverse_sqrt_nowarmup --decay-period 4000 --lr 5e-4 (the reference's "
+              "scheduler, provided by the plugin: lr_t = lr * sqrt(P / (P + t))), dropout 0.5 (IWSLT), weight decay "
+              "1e-4, --share-decoder-input-output-embed; a warm-up is accepted but logged as a departure")
+    final_norm_eps = None
+    has_layer_norm = False
 
     def check_args(self, args):
-        """Refuse LayerNorm options (T-Fixup has none) and log a warm-up (the recipe has none).
+        """Refuse LayerNorm options (T-Fixup has none; the base check) and log a warm-up (the recipe has none).
 
         Raises:
             ValueError: ``--layernorm-embedding`` or ``--{encoder,decoder}-normalize-before``.
         """
         super().check_args(args)
-        if getattr(args, "layernorm_embedding", False):
-            raise ValueError(
-                "--layernorm-embedding adds a LayerNorm but --residual-scheme t_fixup has none anywhere "
-                "(its initialisation replaces them): drop --layernorm-embedding"
-            )
         warmup = getattr(args, "warmup_updates", 0) or 0
         if getattr(args, "lr_scheduler", None) is not None and warmup > 0:
             logger.warning(
@@ -133,11 +97,8 @@ class TFixup(ResidualScheme):
                 "(layer6ai-labs/T-Fixup, Train_IWSLT_TFixup_example.sh)", warmup,
             )
 
-    def encoder_layer(self, cfg):
-        return TFixupEncoderLayer(cfg)
-
-    def decoder_layer(self, cfg, no_encoder_attn):
-        return TFixupDecoderLayer(cfg, no_encoder_attn)
+    def sublayer_residual(self, cfg, site):
+        return PlainResidual(site)
 
     def initialize(self, model, args):
         """Re-draw fc1/fc2 (xavier_uniform, bias 0), then scale layer weights and token embeddings."""
