@@ -1,5 +1,5 @@
-"""Admin: exactness against a plain-PyTorch transcription of LiyuanLucasLiu/Transformer-Clinic's forward,
-the profiled omegas against the reference recursion, the profile file (read, write, errors), resume,
+"""Admin: the profiled omegas against the reference recursion (LiyuanLucasLiu/Transformer-Clinic; its
+forward against a transcription: tests/test_conformance.py), the profile file (read, write, errors), resume,
 a 2-process gloo run, and fairseq-train / fairseq-generate through the CLI."""
 import logging
 import math
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import USER_DIR, build_model, make_dictionary, random_batch, run_cli
-from test_exactness import ref_attention, ref_ffn, ref_ln
+from references import ref_attention, ref_ffn, ref_ln
 from fairseq_residual.schemes import admin as admin_scheme
 
 TOL = 1e-5
@@ -76,38 +76,6 @@ def ref_admin(model, src, prev, omega=None, profile=False):
 
 def log_probs(model, src, lengths, prev):
     return model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
-
-
-@pytest.mark.model
-def test_admin_matches_reference():
-    d = make_dictionary()
-    model, _, _ = build_model("residual_transformer_tiny", *FLAGS, dictionary=d)
-    assert model.encoder.layer_norm is None and model.decoder.layer_norm is None  # Post-LN, no stack LN
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "layer_norm" in name:
-                p.add_(0.3 * torch.randn_like(p))
-            elif name.endswith(".omega"):  # random, non-uniform omegas per dimension
-                p.copy_(0.5 + 2 * torch.rand_like(p))
-        for stack in (model.encoder, model.decoder):
-            stack.residual.profiled.fill_(1)
-    names = {n for n, p in model.named_parameters() if n.endswith(".omega") and p.requires_grad}
-    assert names == {f"encoder.layers.{i}.{n}_residual.omega" for i in range(3) for n in ENC_NAMES} | {
-        f"decoder.layers.{i}.{n}_residual.omega" for i in range(2) for n in DEC_NAMES
-    }
-    src, lengths, prev, _ = random_batch(d, bsz=5)
-    assert src.eq(d.pad()).any() and prev.eq(d.pad()).any(), "the batch must contain padding"
-    keep, tgt_keep = src.ne(d.pad()).t(), prev.ne(d.pad())
-    with torch.no_grad():
-        lp_ref, enc_ref, _ = ref_admin(model, src, prev)
-        enc = model.encoder(src, src_lengths=lengths)["encoder_out"][0]
-        lp = log_probs(model, src, lengths, prev)
-        # negative control: omega = 1 everywhere (plain Post-LN) differs
-        lp_one, _, _ = ref_admin(model, src, prev, omega=lambda s, i, n: torch.ones(64))
-    assert (enc - enc_ref)[keep].abs().max().item() <= TOL
-    assert (lp - lp_ref)[tgt_keep].abs().max().item() <= TOL
-    assert (lp_one - lp)[tgt_keep].abs().max().item() > 1e-3
 
 
 @pytest.mark.model

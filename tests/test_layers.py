@@ -1,19 +1,19 @@
-"""The sub-layers shared by the schemes that write their own layers (fairseq_residual/layers.py):
-fairseq's NormFormer and cross-self-attention options are refused by name, and the decoder returns the
-alignment layer's cross-attention averaged over heads, as fairseq's ``TransformerDecoder`` does."""
+"""The protocol's layers (fairseq_residual/layers.py): fairseq's NormFormer and cross-self-attention options
+are refused by name for every scheme that runs them, and the decoder returns the alignment layer's
+cross-attention averaged over heads, as fairseq's ``TransformerDecoder`` does."""
 import pytest
 import torch
 
 from conftest import build_model, make_dictionary, random_batch
 from fairseq_residual.layers import refuse_decoder_extras
-from fairseq_residual.schemes import get_scheme
+from fairseq_residual.schemes import SCHEMES, get_scheme
 
 pytestmark = pytest.mark.model
 
 #: fairseq's decoder options that change the sub-layers (NormFormer: Shleifer et al. 2021)
 DECODER_EXTRAS = ["scale_attn", "scale_heads", "scale_fc", "scale_resids", "cross_self_attention"]
-#: the schemes whose layers are built on layers.DecoderSublayers or refuse the extras themselves
-REFUSING = ["resi_dual", "deepnorm"]
+#: the schemes whose decoder layers are the protocol's (fairseq's own layers implement the extras)
+REFUSING = [s.name for s in SCHEMES if not s.fairseq_path]
 
 
 class Cfg:

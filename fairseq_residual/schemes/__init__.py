@@ -2,8 +2,8 @@
 
 Every part of the project (options and ``--help``, presets, the checkpoint check, the analysis tool, the
 speed benchmark, the demo, the studies, the benchmark scripts and the results tables) reads its list of
-schemes from :data:`SCHEMES` here, in the order of the ResiDual paper's tables (Xie et al. 2023,
-arXiv 2304.14802, tables 1-2). To add a scheme: write ``schemes/<name>.py`` defining ``SCHEME``, an
+schemes from :data:`SCHEMES` here: first the eight of the ResiDual paper's tables (Xie et al. 2023,
+arXiv 2304.14802, tables 1-2) in their order, then the schemes published after it. To add a scheme: write ``schemes/<name>.py`` defining ``SCHEME``, an
 instance of a :class:`~fairseq_residual.schemes.base.ResidualScheme` subclass with a new
 ``scheme_id``, and add its module name below.
 """
@@ -20,6 +20,12 @@ _SCHEME_MODULES = (
     "dlcl",
     "b2t",
     "resi_dual",
+    # after the paper: normalisation placements
+    "peri_ln",
+    "mix_ln",
+    "lns",
+    "rezero",
+    "hybrid_norm",
 )
 
 SCHEMES = tuple(import_module(f"{__name__}.{module}").SCHEME for module in _SCHEME_MODULES)

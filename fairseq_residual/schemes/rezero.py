@@ -1,0 +1,75 @@
+"""ReZero (Bachlechner et al. 2021, "ReZero is All You Need: Fast Convergence at Large Depth", arXiv
+2003.04887, UAI): no LayerNorm anywhere, every sub-layer's branch scaled by one trainable scalar per
+layer that starts at zero,
+
+    x = x + alpha_l * drop(F(x))        alpha_l shared by the sub-layers of layer l, alpha_l = 0 at init
+
+and the stack output ``x`` (no final LayerNorm), as majumderb/rezero computes it
+(``rezero/transformer/rztx.py``: ``resweight`` per layer, used by self-attention and the FFN of an encoder
+layer and by self-attention, cross-attention and the FFN of a decoder layer; its README leaves PyTorch's
+stack ``norm=None``). The reference applies the dropout after (encoder) or before (decoder) the scalar:
+the same computation. At initialisation every layer is the identity, so only the alphas get gradients on
+the first update.
+
+Encoder-decoder: as the reference (cross-attention shares its layer's alpha). Parameters: the layer's
+alpha is ``layers.i.self_attn_residual.resweight`` (the reference's name), held by the first sub-layer's
+residual and handed to the layer's other sub-layers through the residual state.
+"""
+from typing import List, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..residual import NORM_NONE, SublayerResidual, with_main
+from .base import ResidualScheme
+
+
+class ReZeroResidual(SublayerResidual):
+    """``x = x + alpha_l * h``, ``h = drop(F(x))``, no LayerNorm; state ``[x, alpha_l]`` inside a layer.
+
+    Args:
+        site: the sub-layer; the layer's first (self-attention) holds ``resweight``, the last (FFN) drops
+            it from the state.
+    """
+
+    NORM = NORM_NONE
+
+    def __init__(self, site):
+        super().__init__(site)
+        self.first = site.kind == "self_attn"
+        self.last = site.kind == "ffn"
+        if self.first:
+            self.resweight = nn.Parameter(torch.zeros(()))
+
+    def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        if self.first:
+            return state[0], [state[0], self.resweight]
+        return state[0], state
+
+    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        x = state[0] + state[1] * out
+        if self.last:
+            return [x]
+        return with_main(state, x)
+
+
+class ReZero(ResidualScheme):
+    name = "rezero"
+    label = "ReZero"
+    scheme_id = 11
+    color = "black"
+    update = "x = x + alpha_l * drop(F(x)), one alpha per layer (init 0), no LayerNorm"
+    output = "x"
+    source = "Bachlechner et al. 2021, arXiv 2003.04887, eq. 3"
+    reference = "majumderb/rezero, rezero/transformer/rztx.py"
+    recipe = ("no training recipe in the reference repository; the paper trains enwik8 12-layer models; users "
+              "report divergence on large data (advice: Adafactor or a separate learning rate for alpha) and "
+              "alpha drifting to ~0 in deep stacks (majumderb/rezero issue 16)")
+    final_norm_eps = None
+    has_layer_norm = False
+
+    def sublayer_residual(self, cfg, site):
+        return ReZeroResidual(site)
+
+
+SCHEME = ReZero()

@@ -1,0 +1,354 @@
+"""Independent plain-PyTorch transcriptions of every registered scheme's computation, one table.
+
+Each transcription recomputes a ``residual_transformer``'s encoder output and decoder log-probabilities
+from the model's raw weights (``F.linear``, ``F.layer_norm``, an explicit softmax attention), following
+the scheme's reference code as its module docstring cites it, and never calls the plugin's layers,
+residual objects or loops. :data:`REFERENCES` maps every scheme name to ``(flags, transcription,
+negative control)``: the model options the check builds with, the transcription, and the same
+transcription with the scheme's defining term changed (it must differ from the model). A scheme added to
+the registry without an entry here fails ``tests/test_conformance.py``.
+
+Post-LN and Pre-LN are fairseq's own code: their transcription here is the textbook formula, and
+``tests/test_exactness.py`` also compares them with fairseq's stock ``transformer``.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+EPS = 1e-5  # fairseq's LayerNorm eps
+
+
+def ref_ln(ln, x, eps=EPS):
+    """LayerNorm over the last dimension with the affine parameters of module ``ln``."""
+    return F.layer_norm(x, (x.shape[-1],), ln.weight, ln.bias, eps)
+
+
+def _head_ln(norm, t, heads):
+    shape = t.shape
+    d = shape[-1] // heads
+    return F.layer_norm(t.view(*shape[:-1], heads, d), (d,), norm.weight, norm.bias, EPS).view(shape)
+
+
+def ref_attention(mha, query, key_value, key_padding_mask=None, causal=False, head_norms=False):
+    """Multi-head attention from the raw projection weights. query T x B x C, key_value S x B x C.
+    ``head_norms``: LayerNorm over each head's features of q, k, v after their projections (QKV-Norm, with
+    the parameters the model keeps in ``{q,k,v}_proj.norm``)."""
+    T, B, C = query.shape
+    S = key_value.shape[0]
+    H = mha.num_heads
+    d = C // H
+    q = F.linear(query, mha.q_proj.weight, mha.q_proj.bias)
+    k = F.linear(key_value, mha.k_proj.weight, mha.k_proj.bias)
+    v = F.linear(key_value, mha.v_proj.weight, mha.v_proj.bias)
+    if head_norms:
+        q, k, v = (_head_ln(p.norm, t, H) for p, t in ((mha.q_proj, q), (mha.k_proj, k), (mha.v_proj, v)))
+    q = q * d ** -0.5
+    q = q.view(T, B, H, d).permute(1, 2, 0, 3)  # B x H x T x d
+    k = k.view(S, B, H, d).permute(1, 2, 0, 3)
+    v = v.view(S, B, H, d).permute(1, 2, 0, 3)
+    scores = q @ k.transpose(-1, -2)  # B x H x T x S
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    if causal:
+        scores = scores.masked_fill(torch.ones(T, S, dtype=torch.bool).triu(1), float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ v  # B x H x T x d
+    out = out.permute(2, 0, 1, 3).reshape(T, B, C)
+    return F.linear(out, mha.out_proj.weight, mha.out_proj.bias)
+
+
+def ref_ffn(layer, x):
+    return F.linear(F.relu(F.linear(x, layer.fc1.weight, layer.fc1.bias)), layer.fc2.weight, layer.fc2.bias)
+
+
+#: the sub-layer's own LayerNorm, by fairseq's name
+LN_OF = {"self_attn": "self_attn_layer_norm", "encoder_attn": "encoder_attn_layer_norm", "ffn": "final_layer_norm"}
+
+
+class Transcription:
+    """One scheme's computation. The driver (:func:`reference_forward`) embeds the tokens as fairseq does
+    (scaled token embedding + sinusoidal positions, padded source rows zeroed), then per stack calls
+    :meth:`start`, for each layer and each sub-layer :meth:`sublayer` with the branch ``F`` (attention or
+    FFN on the raw weights, no residual, dropout off), :meth:`between` after each layer, and :meth:`out`.
+    The default is Pre-LN with a final LayerNorm."""
+
+    head_norms = False  # attention with QKV-Norm (HybridNorm)
+    final = True  # the stack ends with its final LayerNorm (eps :attr:`final_eps`)
+    final_eps = EPS
+
+    def start(self, stack, x):
+        return x
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        ln = getattr(layer, LN_OF[kind])
+        return state + branch(ref_ln(ln, state))
+
+    def between(self, stack, l, state):
+        return state
+
+    def out(self, stack, state):
+        return ref_ln(stack.layer_norm, state, self.final_eps) if self.final else state
+
+
+class PostLN(Transcription):
+    """Vaswani et al. 2017: x = LN(x + F(x)), no final LayerNorm."""
+
+    final = False
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        return ref_ln(getattr(layer, LN_OF[kind]), state + branch(state))
+
+
+class PreLNWithoutFinal(Transcription):
+    """Pre-LN's sub-layers without the final LayerNorm (Post-LN's negative control)."""
+
+    final = False
+
+
+class PostLNWithFinal(PostLN):
+    """Post-LN's sub-layers with a final LayerNorm (Pre-LN's negative control)."""
+
+    final = True
+
+
+class DeepNorm(PostLN):
+    """torchscale: x = LN(alpha x + F(x)); alpha_enc = 0.81 (N^4 M)^(1/16), alpha_dec = (3M)^(1/4)."""
+
+    def __init__(self, unit_alpha=False):
+        self.unit_alpha = unit_alpha
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        n, m = stack.n_enc, stack.n_dec
+        alpha = 0.81 * (n ** 4 * m) ** (1 / 16) if stack.name == "encoder" else (3 * m) ** (1 / 4)
+        alpha = 1.0 if self.unit_alpha else alpha
+        return ref_ln(getattr(layer, LN_OF[kind]), alpha * state + branch(state))
+
+
+class Admin(PostLN):
+    """Transformer-Clinic: x = LN(omega * x + F(x)), one omega vector per sub-layer."""
+
+    def __init__(self, unit_omega=False):
+        self.unit_omega = unit_omega
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        omega = getattr(layer, f"{kind}_residual").omega
+        omega = torch.ones_like(omega) if self.unit_omega else omega
+        return ref_ln(getattr(layer, LN_OF[kind]), omega * state + branch(state))
+
+
+class TFixup(Transcription):
+    """layer6ai-labs/T-Fixup (--dont-use-layernorm): x = x + F(x), no LayerNorm anywhere."""
+
+    final = False
+
+    def __init__(self, cross_attention=True):
+        self.cross_attention = cross_attention
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        if kind == "encoder_attn" and not self.cross_attention:
+            return state
+        return state + branch(state)
+
+
+class DLCL(Transcription):
+    """wangqiangneu/dlcl, pre-norm: x_{l+1} = sum_{k<=l} W[l,k] LN_k(y_k) (LN_0 = identity), Pre-LN layers,
+    output LN_final(sum_{k<=L} W[L,k] LN_k(y_k)). ``drop`` = (stack, l, k) leaves one term out."""
+
+    def __init__(self, drop=None):
+        self.drop = drop
+
+    def _combine(self, stack, row, ys):
+        W = stack.residual.weight
+        return sum(W[row, k] * ys[k] for k in range(row + 1) if self.drop != (stack.name, row, k))
+
+    def start(self, stack, x):
+        ys = [x]
+        return {"x": self._combine(stack, 0, ys), "ys": ys}
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        x = state["x"]
+        return dict(state, x=x + branch(ref_ln(getattr(layer, LN_OF[kind]), x)))
+
+    def between(self, stack, l, state):
+        ys = state["ys"] + [ref_ln(stack.residual.layer_norms[l + 1], state["x"])]
+        return {"x": self._combine(stack, l + 1, ys), "ys": ys}
+
+    def out(self, stack, state):
+        return ref_ln(stack.layer_norm, state["x"])
+
+
+class B2T(PostLN):
+    """takase/b2t_connection: Post-LN plus the layer input before the layer's last LayerNorm."""
+
+    def __init__(self, bottom=True):
+        self.bottom = bottom
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        x, x_in = (state, state) if kind == "self_attn" else state
+        if kind == "ffn":
+            return ref_ln(layer.final_layer_norm, x + branch(x) + (x_in if self.bottom else 0))
+        return ref_ln(getattr(layer, LN_OF[kind]), x + branch(x)), x_in
+
+
+class ResiDual(Transcription):
+    """microsoft/ResiDual: x_a = LN(x_a + h), x_d = x_d + c h per sub-layer (h = F(x_a)); start x_d = c emb;
+    output alpha x_a + LN_final(x_d) with the authors' eps 1e-7. ``start`` multiplies the embedding x_d
+    starts from (0: ``--resi-dual-start-from zeros``)."""
+
+    final_eps = 1e-7
+
+    def __init__(self, c, alpha, cross_attn_feeds_dual=True, start=1.0):
+        self.c, self.alpha, self.cross_attn_feeds_dual, self.start_factor = c, alpha, cross_attn_feeds_dual, start
+
+    def start(self, stack, x):
+        return x, self.start_factor * self.c[stack.name] * x
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        x_a, x_d = state
+        h = branch(x_a)
+        x_a = ref_ln(getattr(layer, LN_OF[kind]), x_a + h)
+        if kind != "encoder_attn" or self.cross_attn_feeds_dual:
+            x_d = x_d + self.c[stack.name] * h
+        return x_a, x_d
+
+    def out(self, stack, state):
+        return self.alpha[stack.name] * state[0] + ref_ln(stack.layer_norm, state[1], self.final_eps)
+
+
+class PeriLN(Transcription):
+    """Peri-LN / Sandwich-LN: x = x + LN_out(F(LN_in(x))), final LayerNorm."""
+
+    def __init__(self, out_norm=True):
+        self.out_norm = out_norm
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        h = branch(ref_ln(getattr(layer, LN_OF[kind]), state))
+        return state + (ref_ln(getattr(layer, f"{kind}_residual").out_layer_norm, h) if self.out_norm else h)
+
+
+class MixLN(Transcription):
+    """pixeli99/MixLN: the lowest floor(a L) layers Post-LN, the others Pre-LN, final LayerNorm."""
+
+    def __init__(self, fraction, shift=0):
+        self.fraction, self.shift = fraction, shift
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        ln = getattr(layer, LN_OF[kind])
+        if l < math.floor(self.fraction * stack.num_layers) + self.shift:
+            return ref_ln(ln, state + branch(state))
+        return state + branch(ref_ln(ln, state))
+
+
+class LNS(Transcription):
+    """LayerNorm Scaling: x = x + F(LN(x) / sqrt(l)), l the 1-based layer index; final LayerNorm unscaled."""
+
+    def __init__(self, scaled=True):
+        self.scaled = scaled
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        scale = 1 / math.sqrt(l + 1) if self.scaled else 1.0
+        return state + branch(ref_ln(getattr(layer, LN_OF[kind]), state) * scale)
+
+
+class ReZero(Transcription):
+    """majumderb/rezero: x = x + alpha_l F(x), alpha per layer shared by its sub-layers, no LayerNorm."""
+
+    final = False
+
+    def __init__(self, shared_across_layers=False):
+        self.shared = shared_across_layers
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        alpha = (stack.layers[0] if self.shared else layer).self_attn_residual.resweight
+        return state + alpha * branch(state)
+
+
+class HybridNorm(Transcription):
+    """BryceZhuo/HybridNorm: attention y = x + Attn(x) with q/k/v normalised per head; FFN z = LN(y),
+    x = z + FFN(z); final LayerNorm. ``ffn_from_y``: the FFN's residual from the un-normalised y."""
+
+    head_norms = True
+
+    def __init__(self, ffn_from_y=False):
+        self.ffn_from_y = ffn_from_y
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        if kind != "ffn":
+            return state + branch(state)
+        z = ref_ln(layer.final_layer_norm, state)
+        return (state if self.ffn_from_y else z) + branch(z)
+
+
+class _Stack:
+    """What a transcription may read of a stack: its name, depth, N and M, and its modules."""
+
+    def __init__(self, name, module, n_enc, n_dec):
+        self.name, self.module, self.n_enc, self.n_dec = name, module, n_enc, n_dec
+        self.layers = module.layers
+        self.num_layers = len(module.layers)
+
+    def __getattr__(self, key):
+        return getattr(self.module, key)
+
+
+def reference_forward(model, src, prev, ref):
+    """Encoder output (S x B x C) and decoder log-probabilities (B x T x V) of ``model`` computed by
+    transcription ``ref`` from the model's raw weights (dropout off)."""
+    enc, dec = model.encoder, model.decoder
+    n_enc, n_dec = len(enc.layers), len(dec.layers)
+    pad = enc.padding_idx
+    src_pad, tgt_pad = src.eq(pad), prev.eq(pad)
+    hn = ref.head_norms
+
+    stack = _Stack("encoder", enc, n_enc, n_dec)
+    x = enc.embed_scale * enc.embed_tokens(src) + enc.embed_positions(src)
+    x = (x * (1 - src_pad.unsqueeze(-1).float())).transpose(0, 1)
+    state = ref.start(stack, x)
+    for l, layer in enumerate(enc.layers):
+        branches = {"self_attn": lambda h, layer=layer: ref_attention(layer.self_attn, h, h, src_pad, head_norms=hn),
+                    "ffn": lambda h, layer=layer: ref_ffn(layer, h)}
+        for kind in ("self_attn", "ffn"):
+            state = ref.sublayer(stack, layer, l, kind, state, branches[kind])
+        state = ref.between(stack, l, state)
+    enc_out = ref.out(stack, state)
+
+    stack = _Stack("decoder", dec, n_enc, n_dec)
+    y = (dec.embed_scale * dec.embed_tokens(prev) + dec.embed_positions(prev)).transpose(0, 1)
+    state = ref.start(stack, y)
+    for l, layer in enumerate(dec.layers):
+        branches = {
+            "self_attn": lambda h, layer=layer: ref_attention(layer.self_attn, h, h, tgt_pad, causal=True,
+                                                              head_norms=hn),
+            "encoder_attn": lambda h, layer=layer: ref_attention(layer.encoder_attn, h, enc_out, src_pad,
+                                                                 head_norms=hn),
+            "ffn": lambda h, layer=layer: ref_ffn(layer, h),
+        }
+        for kind in ("self_attn", "encoder_attn", "ffn"):
+            state = ref.sublayer(stack, layer, l, kind, state, branches[kind])
+        state = ref.between(stack, l, state)
+    out = ref.out(stack, state)
+    logits = F.linear(out.transpose(0, 1), dec.output_projection.weight)
+    return enc_out, torch.log_softmax(logits, dim=-1)
+
+
+_C = {"encoder": 0.5, "decoder": 0.25}
+_ALPHA = {"encoder": 0.7, "decoder": 1.3}
+
+#: scheme -> (model flags, transcription, negative control); built with N = 3, M = 2
+REFERENCES = {
+    "post_ln": ([], PostLN(), PreLNWithoutFinal()),
+    "pre_ln": ([], Transcription(), PostLNWithFinal()),
+    "deepnorm": ([], DeepNorm(), DeepNorm(unit_alpha=True)),
+    "admin": ([], Admin(), Admin(unit_omega=True)),
+    "t_fixup": ([], TFixup(), TFixup(cross_attention=False)),
+    "dlcl": ([], DLCL(), DLCL(drop=("decoder", 2, 1))),
+    "b2t": ([], B2T(), B2T(bottom=False)),
+    "resi_dual": (["--encoder-resi-dual-scale", _C["encoder"], "--decoder-resi-dual-scale", _C["decoder"],
+                   "--encoder-resi-dual-alpha", _ALPHA["encoder"], "--decoder-resi-dual-alpha", _ALPHA["decoder"]],
+                  ResiDual(_C, _ALPHA), ResiDual(_C, _ALPHA, cross_attn_feeds_dual=False)),
+    "peri_ln": ([], PeriLN(), PeriLN(out_norm=False)),
+    "mix_ln": (["--mix-ln-fraction", 0.5], MixLN(0.5), MixLN(0.5, shift=1)),
+    "lns": ([], LNS(), LNS(scaled=False)),
+    "rezero": ([], ReZero(), ReZero(shared_across_layers=True)),
+    "hybrid_norm": ([], HybridNorm(), HybridNorm(ffn_from_y=True)),
+}

@@ -1,0 +1,298 @@
+"""The conformance suite: every registered scheme, read from the registry, passes the same checks.
+
+* exactness against its transcription in ``tests/references.py`` (one table; a scheme without an entry
+  fails), with N = 3 != M = 2, padding in the batch, every LayerNorm and scheme parameter randomised, and a
+  negative control that changes the scheme's defining term;
+* incremental decoding equals the full forward pass, also after beam search reorders the batch, and beam
+  search's scores equal the teacher-forced ones;
+* state-dict round trip, and a state dict of another scheme refused naming both;
+* the options: every scheme option refused outside its range (and non-finite) naming its flag, an option
+  of another scheme refused the same way for every scheme; fairseq options the scheme cannot honour
+  refused by name;
+* activation checkpointing gives the same gradients;
+* the analysis tool's numbers equal an independent computation (parameter gradients by
+  ``torch.autograd.grad``, consecutive-layer cosines from fairseq's ``return_all_hiddens`` states);
+* the presets and ``--help`` name the scheme.
+"""
+import math
+
+import pytest
+import torch
+
+from conftest import build_model, make_dictionary, random_batch
+from fairseq_residual.encoder_decoder import SchemeMismatchError
+from fairseq_residual.model import ARCH_NAMES, PRESETS
+from fairseq_residual.schemes import SCHEME_NAMES, SCHEMES, get_scheme
+from references import REFERENCES, reference_forward
+
+pytestmark = pytest.mark.model
+
+TOL = 1e-5
+DEPTH = ["--encoder-layers", 3, "--decoder-layers", 2]
+
+
+def flags_of(scheme):
+    return ["--residual-scheme", scheme, *REFERENCES[scheme][0]]
+
+
+def tiny(scheme, *flags, d=None, seed=None):
+    if seed is not None:
+        torch.manual_seed(seed)
+    model, args, task = build_model("residual_transformer_tiny", *flags_of(scheme), *flags,
+                                    dictionary=d or make_dictionary())
+    return model
+
+
+def randomise_scheme_parameters(model, seed=1):
+    """Non-trivial LayerNorm affine parameters and scheme parameters (omegas, layer-history weights,
+    ReZero's alphas, ...), so that a misplaced LayerNorm or a lost scheme parameter shows."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "residual" in name:
+                p.add_(0.3 * torch.randn_like(p))
+
+
+def test_every_registered_scheme_has_a_reference_transcription():
+    assert set(REFERENCES) == set(SCHEME_NAMES)
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_matches_its_reference_transcription(scheme):
+    d = make_dictionary()
+    model = tiny(scheme, *DEPTH, d=d)
+    assert model.residual_scheme == scheme
+    randomise_scheme_parameters(model)
+    src, lengths, prev, _ = random_batch(d, bsz=5)
+    assert src.eq(d.pad()).any() and prev.eq(d.pad()).any(), "the batch must contain padding"
+    _, reference, control = REFERENCES[scheme]
+    with torch.no_grad():
+        enc_ref, lp_ref = reference_forward(model, src, prev, reference)
+        _, lp_ctl = reference_forward(model, src, prev, control)
+        enc = model.encoder(src, src_lengths=lengths)["encoder_out"][0]
+        lp = model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
+    keep_src, keep_tgt = src.ne(d.pad()).t(), prev.ne(d.pad())  # fairseq leaves padded rows unspecified
+    assert (enc - enc_ref)[keep_src].abs().max().item() <= TOL
+    assert (lp - lp_ref)[keep_tgt].abs().max().item() <= TOL
+    assert (lp - lp_ctl)[keep_tgt].abs().max().item() > 1e-3  # negative control: the transcription is sensitive
+
+
+# ---------------------------------------------------------------------------------------------
+# incremental decoding
+
+
+def _log_probs(model, src, lengths, prev):
+    return model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_incremental_equals_full_and_survives_reorder(scheme):
+    d = make_dictionary()
+    model = tiny(scheme, d=d)
+    randomise_scheme_parameters(model)
+    # two sentences x three beams, as fairseq's SequenceGenerator lays them out
+    src, lengths, _, _ = random_batch(d, bsz=2, src_len=7)
+    rows = torch.tensor([0, 0, 0, 1, 1, 1])
+    src, lengths = src[rows], lengths[rows]
+    _, _, prev, _ = random_batch(d, bsz=6, tgt_len=6, seed=3, pad_rows=False)
+    with torch.no_grad():
+        full = _log_probs(model, src, lengths, prev)  # B x T x V
+        enc_out = model.encoder(src, src_lengths=lengths)
+        state, k = {}, 3
+        for t in range(k):
+            out = model.decoder(prev[:, : t + 1], encoder_out=enc_out, incremental_state=state)
+            lp = model.get_normalized_probs(out, log_probs=True)[:, -1, :]
+            assert (lp - full[:, t]).abs().max().item() <= TOL, f"step {t}"
+        # beam search keeps some hypotheses of each sentence, duplicates others, drops the rest
+        new_order = torch.tensor([1, 1, 0, 5, 3, 3])
+        enc_out = model.encoder.reorder_encoder_out(enc_out, new_order)
+        model.decoder.reorder_incremental_state_scripting(state, new_order)
+        prev_r = prev[new_order]
+        full_r = _log_probs(model, src[new_order], lengths[new_order], prev_r)
+        for t in range(k, prev.size(1)):
+            out = model.decoder(prev_r[:, : t + 1], encoder_out=enc_out, incremental_state=state)
+            lp = model.get_normalized_probs(out, log_probs=True)[:, -1, :]
+            assert (lp - full_r[:, t]).abs().max().item() <= TOL, f"step {t} after reorder"
+        assert (full_r[0, k:] - full[0, k:]).abs().max().item() > 1e-4  # an ignored reorder would show
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_beam_search_scores_equal_teacher_forced_scores(scheme):
+    from fairseq.sequence_generator import SequenceGenerator
+
+    d = make_dictionary()
+    model = tiny(scheme, d=d)
+    randomise_scheme_parameters(model)
+    src, lengths, _, _ = random_batch(d, bsz=3, src_len=6)
+    gen = SequenceGenerator([model], d, beam_size=5, max_len_a=0, max_len_b=7, min_len=2)
+    with torch.no_grad():
+        hypos = gen.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}})
+    for i, nbest in enumerate(hypos):
+        assert len(nbest) == 5
+        for hypo in nbest[:3]:
+            tokens = hypo["tokens"]
+            prev = torch.cat([torch.tensor([d.eos()]), tokens[:-1]]).unsqueeze(0)
+            with torch.no_grad():
+                lp = _log_probs(model, src[i: i + 1], lengths[i: i + 1], prev)[0]
+            torch.testing.assert_close(lp.gather(1, tokens.unsqueeze(1)).squeeze(1), hypo["positional_scores"],
+                                       atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoints
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_state_dict_round_trip_and_another_schemes_refused(scheme):
+    d = make_dictionary()
+    ours = tiny(scheme, d=d)
+    randomise_scheme_parameters(ours)
+    other_name = "pre_ln" if scheme == "post_ln" else "post_ln"
+    other = tiny(other_name, d=d)
+    with pytest.raises(SchemeMismatchError, match=rf"trained with residual scheme '{scheme}' .* '{other_name}'"):
+        other.load_state_dict(ours.state_dict())
+    with pytest.raises(SchemeMismatchError, match=rf"trained with residual scheme '{other_name}' .* '{scheme}'"):
+        ours.load_state_dict(other.state_dict())
+    twin = tiny(scheme, d=d)
+    twin.load_state_dict(ours.state_dict())
+    for (name, a), b in zip(twin.state_dict().items(), ours.state_dict().values()):
+        assert torch.equal(a, b), name
+    src, lengths, prev, _ = random_batch(d)
+    with torch.no_grad():
+        torch.testing.assert_close(_log_probs(twin, src, lengths, prev), _log_probs(ours, src, lengths, prev),
+                                   rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# options and refusals
+
+
+def _out_of_range(option):
+    """Values outside the option's range (and a non-finite one)."""
+    values = [math.inf, math.nan]
+    if option.low is not None:
+        values.append(option.low - 1.0)
+    if option.high is not None:
+        values.append(option.high + 1.0)
+    return values
+
+
+OPTIONS = [(s.name, o) for s in SCHEMES for o in s.OPTIONS if o.type in (int, float)]
+
+
+@pytest.mark.parametrize("scheme, option", OPTIONS, ids=[f"{s}-{o.dest}" for s, o in OPTIONS])
+def test_every_numeric_option_is_refused_outside_its_range(scheme, option):
+    for value in _out_of_range(option):
+        with pytest.raises(ValueError, match=rf"^{option.flag} \(model.{option.dest}\) must be in "):
+            build_model("residual_transformer_tiny", "--residual-scheme", scheme, f"{option.flag}={value!r}")
+
+
+GIVEN = [(s.name, o) for s in SCHEMES for o in s.OPTIONS if o.default is not None or o.type is str]
+
+
+@pytest.mark.parametrize("scheme, option", GIVEN, ids=[f"{s}-{o.dest}" for s, o in GIVEN])
+def test_an_option_of_another_scheme_is_refused_the_same_way(scheme, option):
+    if option.choices:
+        value = next(c for c in option.choices if c != option.default)
+    elif option.type is str:
+        value = "some-file"
+    else:
+        value = option.high if option.high is not None and option.high != option.default else option.low
+    other = "pre_ln" if scheme != "pre_ln" else "post_ln"
+    with pytest.raises(ValueError, match=rf"^{option.flag} is an option of --residual-scheme {scheme}, but the "
+                                         rf"scheme is {other}: drop {option.flag} or use --residual-scheme {scheme}$"):
+        build_model("residual_transformer_tiny", "--residual-scheme", other, option.flag, value)
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_options_the_scheme_cannot_honour_are_refused(scheme):
+    s = get_scheme(scheme)
+    if not s.normalize_before:
+        with pytest.raises(ValueError, match=rf"--encoder-normalize-before asks for Pre-LN but --residual-scheme "
+                                             rf"is {scheme}"):
+            tiny(scheme, "--encoder-normalize-before")
+    else:
+        tiny(scheme, "--encoder-normalize-before")  # redundant, accepted
+    if s.fairseq_path:
+        tiny(scheme, "--cross-self-attention")  # fairseq's own layers implement it
+    else:
+        with pytest.raises(ValueError, match=rf"--cross-self-attention is not supported with --residual-scheme "
+                                             rf"{scheme}; drop --cross-self-attention"):
+            tiny(scheme, "--cross-self-attention")
+    if s.has_layer_norm:
+        tiny(scheme, "--layernorm-embedding")
+    else:
+        with pytest.raises(ValueError, match=rf"--layernorm-embedding adds a LayerNorm but --residual-scheme {scheme}"):
+            tiny(scheme, "--layernorm-embedding")
+    if s.layerdrop:
+        tiny(scheme, "--encoder-layerdrop", 0.5)
+    else:
+        with pytest.raises(ValueError, match=rf"--encoder-layerdrop is not supported with --residual-scheme {scheme}"):
+            tiny(scheme, "--encoder-layerdrop", 0.5)
+    for flag in ("--encoder-layers", "--decoder-layers"):
+        with pytest.raises(ValueError, match=rf"^{flag} must be at least 1, got 0"):
+            tiny(scheme, flag, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# activation checkpointing, the analysis tool, presets
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_activation_checkpointing_gives_the_same_gradients(scheme):
+    d = make_dictionary()
+    src, lengths, prev, _ = random_batch(d)
+    grads = []
+    for flags in ((), ("--checkpoint-activations",)):
+        model = tiny(scheme, *flags, d=d, seed=1)
+        randomise_scheme_parameters(model)
+        model.train()
+        torch.manual_seed(2)  # the same dropout masks (and, for Admin, the same profile) in both runs
+        model(src, lengths, prev)[0].sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 0
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], msg=name)
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_the_analysis_tool_equals_a_direct_computation(scheme):
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    from fairseq_residual.analyze import analyze_model
+
+    d = make_dictionary()
+    model, args, task = build_model("residual_transformer_tiny", *flags_of(scheme), *DEPTH, "--dropout", 0,
+                                    dictionary=d)
+    randomise_scheme_parameters(model)
+    crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    src, lengths, prev, tgt = random_batch(d, bsz=5)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev},
+              "target": tgt, "ntokens": int(tgt.ne(d.pad()).sum()), "nsentences": 5}
+    got = analyze_model(model, crit, [sample])
+
+    model.zero_grad(set_to_none=True)  # the direct computation: fairseq's own forward, autograd
+    model.train()
+    enc = model.encoder(src, src_lengths=lengths, return_all_hiddens=True)
+    net_output = model.decoder(prev, encoder_out=enc, src_lengths=lengths, return_all_hiddens=True)
+    loss, _ = crit.compute_loss(model, net_output, sample, reduce=True)
+    (loss / sample["ntokens"]).backward()
+    states = {"encoder": enc["encoder_states"], "decoder": net_output[1]["inner_states"]}
+    masks = {"encoder": src.ne(d.pad()).t(), "decoder": prev.ne(d.pad()).t()}
+    for s, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
+        norms = [math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in layer.parameters() if p.grad is not None))
+                 for layer in stack.layers]
+        assert got["param_grad_norm"][s] == pytest.approx(norms, rel=1e-5)
+        ys = states[s][1:]  # after each layer (index 0 is the embedding output)
+        cos = [float(torch.nn.functional.cosine_similarity(a, b, dim=-1)[masks[s]].double().mean())
+               for a, b in zip(ys, ys[1:])]
+        assert got["cosine_consecutive"][s] == pytest.approx(cos, rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_presets_name_the_scheme(scheme):
+    for preset in PRESETS:
+        assert f"{preset}_{scheme}" in ARCH_NAMES
+    model, args, _ = build_model(f"residual_transformer_iwslt_de_en_{scheme}", "--encoder-layers", 1,
+                                 "--decoder-layers", 1)
+    assert model.residual_scheme == scheme and model.encoder.embed_tokens.embedding_dim == 256
