@@ -58,15 +58,27 @@ def residual_options(args) -> SchemeOptions:
             naming the flag and the fix.
     """
     selected = get_scheme(args.residual_scheme)
+    depth = {}
     for stack in ("encoder", "decoder"):
-        layers = getattr(args, f"{stack}_layers", None)
-        if layers is None and hasattr(args, stack):  # a TransformerConfig: nested per-stack options
-            layers = getattr(getattr(args, stack), "layers", None)
+        layers, keep = _stack_option(args, stack, "layers"), _stack_option(args, stack, "layers_to_keep")
         if layers is not None and int(layers) < 1:
             raise OptionError(
                 f"--{stack}-layers must be at least 1, got {layers}: every residual scheme needs a layer per "
                 f"stack (--{stack}-layers / model.{stack}_layers)"
             )
+        n = int(layers or 0)
+        kept = tuple(range(n))
+        if keep:
+            try:  # fairseq's option is a list (argparse) or a comma-separated string (a legacy namespace)
+                kept = tuple(int(i) for i in (keep.split(",") if isinstance(keep, str) else keep))
+            except (TypeError, ValueError):
+                kept = ()
+            if not kept or len(set(kept)) != len(kept) or not all(0 <= i < n for i in kept):
+                raise OptionError(
+                    f"--{stack}-layers-to-keep {keep!r} must be distinct layer indices of the trained model, "
+                    f"0..{n - 1}, comma-separated (fairseq's pruning of a LayerDrop-trained model)"
+                )
+        depth[stack] = (n, kept)
     for scheme in SCHEMES:
         scheme.validate(args)
     for scheme in SCHEMES:
@@ -78,7 +90,17 @@ def residual_options(args) -> SchemeOptions:
                 f"{' '.join(given)} or use --residual-scheme {scheme.name}"
             )
     selected.check_args(args)
-    return SchemeOptions(scheme=selected.name, params=selected.options(args))
+    return SchemeOptions(scheme=selected.name, params=selected.options(args),
+                         encoder_layers=depth["encoder"][0], decoder_layers=depth["decoder"][0],
+                         encoder_kept=depth["encoder"][1], decoder_kept=depth["decoder"][1])
+
+
+def _stack_option(args, stack, key):
+    """``args.{stack}_{key}`` (a Namespace) or ``args.{stack}.{key}`` (a TransformerConfig), or None."""
+    value = getattr(args, f"{stack}_{key}", None)
+    if value is None and hasattr(args, stack):
+        value = getattr(getattr(args, stack), key, None)
+    return value
 
 
 def as_namespace(args):

@@ -32,6 +32,13 @@ from .residual import Site
 from .schemes import get_scheme, scheme_by_id, stock_scheme
 
 
+#: the name fairseq gives the dropout modules of each part of its transformer (``module_name`` of
+#: ``FairseqDropout``, which ``--retain-dropout-modules`` matches); this model's dropout modules carry them
+DROPOUT_NAMES = {"encoder": "TransformerEncoder", "decoder": "TransformerDecoder",
+                 "encoder_layer": "TransformerEncoderLayerBase", "decoder_layer": "TransformerDecoderLayerBase",
+                 "attention": "MultiheadAttention"}
+
+
 class SchemeMismatchError(ValueError):
     """A checkpoint of one residual scheme was loaded into a model of another."""
 
@@ -40,8 +47,12 @@ class _ResidualStackMixin:
     """What every stack shares: the scheme object, its checkpoint id and the checkpoint check."""
 
     stack = "encoder"
+    # plain Python objects, used at build and load time only: not part of a TorchScript module
+    __jit_ignored_attributes__ = ["scheme", "residual_options"]
 
     def _init_residual(self, cfg):
+        # fairseq's name for the stack's dropout (--retain-dropout-modules TransformerEncoder / ...Decoder)
+        self.dropout_module.module_name = DROPOUT_NAMES[self.stack]
         self.residual_options = cfg.residual_options
         self.scheme = get_scheme(cfg.residual_options.scheme)
         self.residual_scheme = self.scheme.name
@@ -69,7 +80,7 @@ class _ResidualStackMixin:
                 f"--residual-scheme {saved} (model.residual_scheme={saved}), or train the "
                 f"'{self.residual_scheme}' model from scratch in a new --save-dir"
             )
-        self.scheme.upgrade_state_dict(state_dict, prefix, self.stack)
+        self.scheme.upgrade_state_dict(state_dict, prefix, self.stack, self.residual_options)
         return super().upgrade_state_dict_named(state_dict, name)
 
     def layer_view(self, output) -> Tuple[Tensor, Dict[str, Tensor]]:
@@ -122,18 +133,22 @@ class _ProtocolStackMixin(_ResidualStackMixin):
     residual and final LayerNorm, declared by the scheme."""
 
     def _build_protocol_layer(self, cfg, no_encoder_attn=False):
-        scheme = get_scheme(cfg.residual_options.scheme)
-        index = self._layers_built = getattr(self, "_layers_built", -1) + 1
+        options = cfg.residual_options
+        scheme = get_scheme(options.scheme)
+        built = self._layers_built = getattr(self, "_layers_built", -1) + 1
         stack = self.stack
+        # the layer's index and depth in the model as trained (--*-layers-to-keep builds a subset)
+        index = options.kept(stack)[built] if options.kept(stack) else built
+        layers = options.depth(stack) or (cfg.encoder.layers if stack == "encoder" else cfg.decoder.layers)
         kinds = ("self_attn", "ffn") if stack == "encoder" or no_encoder_attn else \
             ("self_attn", "encoder_attn", "ffn")
-        layers = cfg.encoder.layers if stack == "encoder" else cfg.decoder.layers
         embed_dim = cfg.encoder.embed_dim if stack == "encoder" else cfg.decoder.embed_dim
         residuals = {
             kind: scheme.sublayer_residual(cfg, Site(
                 stack=stack, kind=kind, layer=index, layers=layers, index=index * len(kinds) + j,
-                per_layer=len(kinds), embed_dim=embed_dim, encoder_layers=cfg.encoder.layers,
-                decoder_layers=cfg.decoder.layers))
+                per_layer=len(kinds), embed_dim=embed_dim,
+                encoder_layers=options.encoder_layers or cfg.encoder.layers,
+                decoder_layers=options.decoder_layers or cfg.decoder.layers))
             for j, kind in enumerate(kinds)
         }
         if stack == "encoder":

@@ -68,6 +68,10 @@ class _ResidualLayer:
     def _init_residuals(self, residuals: Dict[str, SublayerResidual], checkpoint: bool, offload: bool):
         self.norm_at: List[int] = [NORM_NONE, NORM_NONE, NORM_NONE]
         self.input_scale: List[float] = [1.0, 1.0, 1.0]
+        # per slot, where its LayerNorm goes, as booleans (TorchScript reads no module-level constants)
+        self.norm_stream: List[bool] = [False, False, False]
+        self.norm_input: List[bool] = [False, False, False]
+        self.norm_output: List[bool] = [False, False, False]
         for slot, kind in enumerate(("self_attn", "encoder_attn", "ffn")):
             res = residuals.get(kind)
             setattr(self, f"{kind}_residual", res)
@@ -75,10 +79,17 @@ class _ResidualLayer:
                 continue
             self.norm_at[slot] = res.NORM
             self.input_scale[slot] = float(res.input_scale)
+            self.norm_stream[slot] = res.NORM == NORM_STREAM
+            self.norm_input[slot] = res.NORM == NORM_INPUT
+            self.norm_output[slot] = res.NORM == NORM_OUTPUT
             if res.NORM == NORM_NONE:  # the sub-layer has no LayerNorm: none in the checkpoint either
                 setattr(self, LAYER_NORM_OF[kind], None)
         self.checkpoint_activations = bool(checkpoint)
         self.offload_activations = bool(offload)
+        # fairseq's layer name for --retain-dropout-modules (the class name of fairseq's own layer)
+        name = "TransformerEncoderLayerBase" if isinstance(self, TransformerEncoderLayerBase) else \
+            "TransformerDecoderLayerBase"
+        self.dropout_module.module_name = self.activation_dropout_module.module_name = name
 
     def _norm(self, slot: int, x: Tensor) -> Tensor:
         if slot == 0:
@@ -93,19 +104,19 @@ class _ResidualLayer:
         return x
 
     def _before(self, slot: int, state: List[Tensor]) -> List[Tensor]:
-        if self.norm_at[slot] == NORM_STREAM:
+        if self.norm_stream[slot]:
             return with_main(state, self._norm(slot, state[0]))
         return state
 
     def _input(self, slot: int, x: Tensor) -> Tensor:
-        if self.norm_at[slot] == NORM_INPUT:
+        if self.norm_input[slot]:
             x = self._norm(slot, x)
         if self.input_scale[slot] != 1.0:
             x = x * self.input_scale[slot]
         return x
 
     def _after(self, slot: int, state: List[Tensor]) -> List[Tensor]:
-        if self.norm_at[slot] == NORM_OUTPUT:
+        if self.norm_output[slot]:
             return with_main(state, self._norm(slot, state[0]))
         return state
 

@@ -25,6 +25,7 @@ and for each of the first five and every registered scheme ``<preset>_<scheme>``
 ``_pre_ln``, ``_resi_dual``, ...), which fix the default scheme (an explicit ``--residual-scheme`` still wins, as any explicit option does
 over a fairseq preset). Without a suffix the scheme defaults to ``resi_dual``.
 """
+import contextlib
 import copy
 from typing import Optional
 
@@ -43,6 +44,7 @@ from fairseq.models.transformer.transformer_legacy import (
 from . import checkpoint_compat  # noqa: F401  (torch>=2.6 loading of fairseq checkpoints)
 from .config import add_residual_args, as_namespace, residual_defaults, residual_options
 from .encoder_decoder import (
+    DROPOUT_NAMES,
     ProtocolDecoder,
     ProtocolEncoder,
     ResidualTransformerDecoder,
@@ -51,6 +53,21 @@ from .encoder_decoder import (
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, get_scheme
 
 MODEL_NAME = "residual_transformer"
+
+
+#: the names --retain-dropout-modules accepts, each mapped to the module_name this model's dropout modules
+#: carry (fairseq's): fairseq's classes (legacy and base) and this plugin's
+RETAIN_DROPOUT_NAMES = {
+    **{n: DROPOUT_NAMES["encoder"] for n in ("TransformerEncoder", "TransformerEncoderBase",
+                                             "ResidualTransformerEncoder", "ProtocolEncoder")},
+    **{n: DROPOUT_NAMES["decoder"] for n in ("TransformerDecoder", "TransformerDecoderBase",
+                                             "ResidualTransformerDecoder", "ProtocolDecoder")},
+    **{n: DROPOUT_NAMES["encoder_layer"] for n in ("TransformerEncoderLayer", "TransformerEncoderLayerBase",
+                                                   "ResidualEncoderLayer", "HybridNormEncoderLayer")},
+    **{n: DROPOUT_NAMES["decoder_layer"] for n in ("TransformerDecoderLayer", "TransformerDecoderLayerBase",
+                                                   "ResidualDecoderLayer", "HybridNormDecoderLayer")},
+    "MultiheadAttention": DROPOUT_NAMES["attention"],
+}
 
 
 def _transformer_config(args):
@@ -92,6 +109,10 @@ class ResidualTransformerModel(TransformerModel):
         """
         args = as_namespace(args)
         residual_defaults(args)
+        for stack in ("encoder", "decoder"):  # fairseq-train parses these as lists, its legacy build splits strings
+            keep = getattr(args, f"{stack}_layers_to_keep", None)
+            if isinstance(keep, (list, tuple)):
+                setattr(args, f"{stack}_layers_to_keep", ",".join(str(i) for i in keep))
         options = residual_options(args)  # validated once per build (the stacks reuse it)
         scheme = get_scheme(options.scheme)
         # The scheme decides LayerNorm placement: fairseq's normalize_before for Pre-LN-type schemes.
@@ -159,6 +180,33 @@ class ResidualTransformerModel(TransformerModel):
         self.training_hook_pending = False  # the hook's own forward passes must not re-enter it
         scheme.training_hook(self, dict(src_tokens=src_tokens, src_lengths=src_lengths,
                                         prev_output_tokens=prev_output_tokens))
+
+    def prepare_for_inference_(self, cfg):
+        """fairseq's preparation for generation, with ``--retain-dropout-modules`` names translated: fairseq's
+        class names (``TransformerEncoder``, ``TransformerEncoderLayer``, ...) and this plugin's own
+        (``ProtocolEncoder``, ``ResidualEncoderLayer``, ...) select the same dropout modules, as in fairseq's
+        ``transformer`` (Monte-Carlo dropout).
+
+        Raises:
+            ValueError: a name that is no module of this model, listing the names it has.
+        """
+        names = getattr(getattr(cfg, "generation", None), "retain_dropout_modules", None)
+        if getattr(cfg.generation, "retain_dropout", False) and names:
+            from omegaconf import OmegaConf, open_dict
+
+            unknown = [n for n in names if n not in RETAIN_DROPOUT_NAMES]
+            if unknown:
+                raise ValueError(
+                    f"--retain-dropout-modules {' '.join(unknown)}: no module of residual_transformer has "
+                    f"{'this name' if len(unknown) == 1 else 'these names'}; its dropout modules are "
+                    f"{', '.join(sorted(set(RETAIN_DROPOUT_NAMES.values())))} (fairseq's names; the plugin's "
+                    f"class names {', '.join(k for k in RETAIN_DROPOUT_NAMES if k not in DROPOUT_NAMES.values())} "
+                    f"are accepted too)"
+                )
+            cfg = copy.deepcopy(cfg)  # the caller's configuration is left as it was
+            with open_dict(cfg) if OmegaConf.is_config(cfg) else contextlib.nullcontext():
+                cfg.generation.retain_dropout_modules = sorted({RETAIN_DROPOUT_NAMES[n] for n in names})
+        return super().prepare_for_inference_(cfg)
 
     def __prepare_scriptable__(self):
         """What ``torch.jit.script`` compiles: this model without a pending training hook (a scripted model

@@ -55,7 +55,7 @@ def ref_admin(model, src, prev, omega=None, profile=False):
 
     x = enc.embed_scale * enc.embed_tokens(src) + enc.embed_positions(src)
     x = (x * (1 - src_pad.unsqueeze(-1).float())).transpose(0, 1)
-    for i, layer in enumerate(enc.layers):
+    for i, layer in enumerate(enc.layers[j] for j in range(len(enc.layers))):
         h = ref_attention(layer.self_attn, x, x, key_padding_mask=src_pad)
         x = ref_ln(layer.self_attn_layer_norm, residual("encoder", layer, i, ENC_NAMES[0], x, h), EPS)
         h = ref_ffn(layer, x)
@@ -63,7 +63,7 @@ def ref_admin(model, src, prev, omega=None, profile=False):
     enc_out = x
 
     y = (dec.embed_scale * dec.embed_tokens(prev) + dec.embed_positions(prev)).transpose(0, 1)
-    for i, layer in enumerate(dec.layers):
+    for i, layer in enumerate(dec.layers[j] for j in range(len(dec.layers))):
         h = ref_attention(layer.self_attn, y, y, key_padding_mask=tgt_pad, causal=True)
         y = ref_ln(layer.self_attn_layer_norm, residual("decoder", layer, i, DEC_NAMES[0], y, h), EPS)
         h = ref_attention(layer.encoder_attn, y, enc_out, key_padding_mask=src_pad)
@@ -310,3 +310,25 @@ def test_two_process_gloo_run_uses_one_profile(tiny_data_bin, tmp_path):
         assert torch.equal(value, ckpt[name]), name
     for s in ("encoder", "decoder"):  # the one profile is rank 0's
         assert torch.equal(final[0][f"{s}.residual.profile"], local[0][s])
+
+
+@pytest.mark.model
+def test_layerdrop_profiles_every_layer():
+    """With --encoder-layerdrop / --decoder-layerdrop 0.5 the first training batch still profiles every
+    sub-layer (layer-drop is off while it profiles): one omega per sub-layer, none left at 1 but the first,
+    and the recursion's values."""
+    d = make_dictionary()
+    model, _, _ = build_model("residual_transformer_tiny", *FLAGS, *NO_DROPOUT, "--encoder-layerdrop", 0.5,
+                              "--decoder-layerdrop", 0.5, dictionary=d)
+    src, lengths, prev, _ = random_batch(d, bsz=5)
+    model.train()
+    torch.manual_seed(0)
+    log_probs(model, src, lengths, prev)
+    _, _, expected = ref_admin(model, src, prev, profile=True)
+    for stack, per_layer in (("encoder", 2), ("decoder", 3)):
+        s = getattr(model, stack)
+        profile = s.residual.profile.tolist()
+        assert int(s.residual.profiled) == 1 and len(profile) == per_layer * len(s.layers)
+        assert profile == pytest.approx(expected[stack], rel=1e-5)
+        assert all(v > 1.0 for v in profile[1:])
+    assert model.encoder.layers.p == 0.5  # layer-drop is back on for training

@@ -14,6 +14,7 @@
   ``torch.autograd.grad``, consecutive-layer cosines from fairseq's ``return_all_hiddens`` states);
 * the presets and ``--help`` name the scheme.
 """
+import copy
 import math
 
 import pytest
@@ -296,3 +297,128 @@ def test_presets_name_the_scheme(scheme):
     model, args, _ = build_model(f"residual_transformer_iwslt_de_en_{scheme}", "--encoder-layers", 1,
                                  "--decoder-layers", 1)
     assert model.residual_scheme == scheme and model.encoder.embed_tokens.embedding_dim == 256
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_readme_and_help_describe_the_scheme(scheme):
+    """The README's scheme table has a row for the scheme and its recommended training a bullet; the
+    model's --help names it with its update."""
+    import os
+
+    from fairseq_residual.config import add_residual_args
+    import argparse
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md"),
+              encoding="utf-8") as f:
+        readme = f.read()
+    assert f"\n| `{scheme}` " in readme or f"\n| `{scheme}` (default)" in readme
+    s = get_scheme(scheme)
+    if not s.fairseq_path:
+        assert f"\n* `{scheme}`: " in readme, f"README: no recommended training for {scheme}"
+    parser = argparse.ArgumentParser()
+    add_residual_args(parser)
+    text = parser.format_help()
+    assert scheme in text and s.label in text
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_torchscript_model_ensemble_and_sequence_generator(scheme, tmp_path):
+    """fairseq's own scripting path (its tests/test_export.py and test_sequence_generator.py): the model,
+    fairseq's ``EnsembleModel`` and ``SequenceGenerator`` compile with ``torch.jit.script``, save and load;
+    the loaded generator finds the eager generator's hypotheses with its scores, and the scripted model's
+    log-probabilities equal the eager model's."""
+    from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
+
+    d = make_dictionary()
+    model = tiny(scheme, d=d)
+    randomise_scheme_parameters(model)
+    src, lengths, prev, _ = random_batch(d, bsz=3)
+    scripted = torch.jit.script(model)
+    scripted.save(str(tmp_path / "model.pt"))
+    loaded = torch.jit.load(str(tmp_path / "model.pt"))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(src, lengths, prev)[0], model(src, lengths, prev)[0], atol=1e-5, rtol=0)
+    torch.jit.script(EnsembleModel([model]))
+    generator = SequenceGenerator([model], d, beam_size=3, max_len_a=0, max_len_b=6)
+    torch.jit.script(generator).save(str(tmp_path / "generator.pt"))
+    loaded = torch.jit.load(str(tmp_path / "generator.pt"))
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+    with torch.no_grad():
+        eager, jit = generator.forward(sample), loaded.forward(sample)
+    for a, b in zip(eager, jit):
+        assert torch.equal(a[0]["tokens"], b[0]["tokens"])
+        torch.testing.assert_close(a[0]["score"], b[0]["score"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_retain_dropout_modules_takes_fairseqs_names_and_ours(scheme):
+    """--retain-dropout-modules as fairseq's transformer understands it (Monte-Carlo dropout at inference):
+    fairseq's class names and the plugin's select the same modules; an unknown name is refused, not ignored."""
+    from omegaconf import OmegaConf
+
+    from fairseq.modules import FairseqDropout
+
+    d = make_dictionary()
+    src, lengths, prev, _ = random_batch(d)
+
+    def prepared(names):
+        model = tiny(scheme, "--dropout", 0.3, d=d, seed=1)
+        cfg = OmegaConf.create({"generation": {"retain_dropout": True, "retain_dropout_modules": names,
+                                               "beam": 5, "print_alignment": False, "no_beamable_mm": False}})
+        model.prepare_for_inference_(cfg)
+        model.eval()
+        return model, {n for n, m in model.named_modules() if isinstance(m, FairseqDropout) and m.apply_during_inference}
+
+    layer_kind = "TransformerEncoderLayerBase"
+    fairseq_model, fairseq_kept = prepared(["TransformerEncoderLayer", "TransformerDecoder"])
+    ours = "ResidualEncoderLayer" if not get_scheme(scheme).fairseq_path else "TransformerEncoderLayerBase"
+    _, our_kept = prepared([ours, "ResidualTransformerDecoder" if get_scheme(scheme).fairseq_path else "ProtocolDecoder"])
+    assert fairseq_kept == our_kept
+    assert "decoder.dropout_module" in fairseq_kept and "encoder.dropout_module" not in fairseq_kept
+    assert {n for n in fairseq_kept if n.startswith("encoder.layers.")} == {
+        f"encoder.layers.{i}.{m}" for i in range(2) for m in ("dropout_module", "activation_dropout_module")}, layer_kind
+    with torch.no_grad():  # dropout really applies in eval mode: two runs differ
+        a, b = fairseq_model(src, lengths, prev)[0], fairseq_model(src, lengths, prev)[0]
+    assert (a - b).abs().max() > 0
+    with pytest.raises(ValueError, match=r"--retain-dropout-modules TransformerEncoderLayerz: no module of "
+                                         r"residual_transformer has this name"):
+        prepared(["TransformerEncoderLayerz"])
+
+
+def _rebuild(args, d):
+    from fairseq.tasks.translation import TranslationTask
+
+    model = TranslationTask(args, d, d).build_model(args)
+    model.eval()
+    return model
+
+
+@pytest.mark.parametrize("scheme", [s.name for s in SCHEMES if s.layerdrop])
+def test_layers_to_keep_prunes_to_the_trained_sub_network(scheme):
+    """fairseq's pruning of a LayerDrop-trained model (--encoder-layers-to-keep / --decoder-layers-to-keep
+    through the model's load path): the pruned model computes exactly the trained model with only the kept
+    layers run, each keeping its index and depth constants (DeepNorm's alpha, Mix-LN's split, LayerNorm
+    Scaling's 1/sqrt(l), ...)."""
+    d = make_dictionary()
+    full, args, _ = build_model("residual_transformer_tiny", *flags_of(scheme), "--encoder-layers", 4,
+                                "--decoder-layers", 3, "--encoder-layerdrop", 0.2, "--decoder-layerdrop", 0.2,
+                                dictionary=d)
+    randomise_scheme_parameters(full)
+    if scheme == "admin":  # a trained Admin model is profiled
+        for stack in (full.encoder, full.decoder):
+            stack.residual.profiled.fill_(1)
+    state = full.state_dict()
+    keep = {"encoder": [0, 2, 3], "decoder": [1, 2]}
+    # as fairseq-generate --model-overrides "{'encoder_layers_to_keep': '0,2,3', ...}" sets them
+    pargs = copy.deepcopy(args)
+    pargs.encoder_layers_to_keep, pargs.decoder_layers_to_keep = "0,2,3", "1,2"
+    pruned = _rebuild(pargs, d)
+    assert len(pruned.encoder.layers) == 3 and len(pruned.decoder.layers) == 2
+    pruned.load_state_dict(state, model_cfg=pargs)
+    for name, stack in (("encoder", full.encoder), ("decoder", full.decoder)):  # the trained sub-network
+        stack.layers = torch.nn.ModuleList([stack.layers[i] for i in keep[name]])
+    full.eval()
+    src, lengths, prev, _ = random_batch(d)
+    with torch.no_grad():
+        torch.testing.assert_close(_log_probs(pruned, src, lengths, prev), _log_probs(full, src, lengths, prev),
+                                   atol=1e-5, rtol=0)

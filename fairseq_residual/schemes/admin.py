@@ -51,7 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from ..residual import NORM_OUTPUT, StackResidual, SublayerResidual, with_main
-from .base import STACKS, Option, ResidualScheme
+from .base import STACKS, Option, ResidualScheme, SchemeOptions
 
 logger = logging.getLogger(__name__)
 
@@ -132,14 +132,17 @@ class AdminStack(StackResidual):
 # ---------------------------------------------------------------------------------------------
 
 
+def _admin_residuals(stack) -> List[AdminResidual]:
+    """The Admin residuals of every layer of ``stack`` in sub-layer order (indexing the layers: iterating a
+    LayerDropModuleList in training mode would skip some)."""
+    layers = [stack.layers[i] for i in range(len(stack.layers))]
+    return [m for layer in layers for m in layer.modules() if isinstance(m, AdminResidual)]
+
+
 def omega_parameters(stack) -> List[nn.Parameter]:
     """The omegas of ``stack`` (an encoder or decoder of ``residual_transformer``) in sub-layer order,
     k = 1..2N (encoder) or 1..3M (decoder)."""
-    return [m.omega for layer in stack.layers for m in layer.modules() if isinstance(m, AdminResidual)]
-
-
-def _admin_residuals(stack) -> List[AdminResidual]:
-    return [m for layer in stack.layers for m in layer.modules() if isinstance(m, AdminResidual)]
+    return [m.omega for m in _admin_residuals(stack)]
 
 
 def _depth_of(ks: List[int]) -> str:
@@ -387,8 +390,9 @@ class Admin(ResidualScheme):
         _sync_profile(model)
         _log_profile(model, "profiled on the first training batch")
 
-    def upgrade_state_dict(self, state_dict, prefix, stack):
-        """Rename the reference-named omegas and the stack buffers of earlier versions of this plugin."""
+    def upgrade_state_dict(self, state_dict, prefix, stack, options):
+        """Rename the reference-named omegas and the stack buffers of earlier versions of this plugin; keep
+        the profile of the layers a pruned model (``--*-layers-to-keep``) holds."""
         names = REFERENCE_NAMES[stack]
         pattern = re.compile(rf"^{re.escape(prefix)}layers\.(\d+)\.({'|'.join(names)})$")
         for key in list(state_dict):
@@ -398,6 +402,10 @@ class Admin(ResidualScheme):
         for old, new in (("admin_profile", "residual.profile"), ("admin_profiled", "residual.profiled")):
             if prefix + old in state_dict:
                 state_dict[prefix + new] = state_dict.pop(prefix + old)
+        profile, kept = state_dict.get(prefix + "residual.profile"), options.kept(stack)
+        if profile is not None and kept and len(kept) < options.depth(stack):
+            per_layer = profile.numel() // options.depth(stack)
+            state_dict[prefix + "residual.profile"] = profile.view(-1, per_layer)[list(kept)].reshape(-1)
 
 
 SCHEME = Admin()
@@ -413,7 +421,7 @@ def export_profile(checkpoint: str, out: str) -> None:
 
     state = torch.load(checkpoint, map_location="cpu")["model"]
     for stack in STACKS:  # checkpoints of earlier versions of this plugin
-        SCHEME.upgrade_state_dict(state, f"{stack}.", stack)
+        SCHEME.upgrade_state_dict(state, f"{stack}.", stack, SchemeOptions("admin"))
     if "encoder.residual.profile" not in state:
         raise ValueError(f"{checkpoint} is not a checkpoint of a --residual-scheme admin model")
     if not (int(state["encoder.residual.profiled"]) and int(state["decoder.residual.profiled"])):

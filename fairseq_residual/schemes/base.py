@@ -34,15 +34,32 @@ class OptionError(ValueError):
 
 @dataclass(frozen=True)
 class SchemeOptions:
-    """The validated residual options of one model: the scheme's name and its own constants.
+    """The validated residual options of one model: the scheme's name, its own constants, and which layers
+    of the trained model each stack holds.
 
     Attributes:
         scheme: the scheme's registry name (``--residual-scheme``).
         params: the scheme's own options (a frozen dataclass defined by the scheme module, or None).
+        encoder_layers, decoder_layers: the depth N, M of the model as trained.
+        encoder_kept, decoder_kept: the indices (in the trained model) of the layers this model holds: all of
+            them, or those of ``--{encoder,decoder}-layers-to-keep`` (fairseq's pruning of a LayerDrop-trained
+            model), so that a kept layer's residual keeps its index and depth constants.
     """
 
     scheme: str
     params: Any = None
+    encoder_layers: int = 0
+    decoder_layers: int = 0
+    encoder_kept: Tuple[int, ...] = ()
+    decoder_kept: Tuple[int, ...] = ()
+
+    def depth(self, stack: str) -> int:
+        """N or M of the model as trained."""
+        return self.encoder_layers if stack == "encoder" else self.decoder_layers
+
+    def kept(self, stack: str) -> Tuple[int, ...]:
+        """The trained indices of the layers ``stack`` holds, in order."""
+        return self.encoder_kept if stack == "encoder" else self.decoder_kept
 
 
 @dataclass(frozen=True)
@@ -210,6 +227,11 @@ class ResidualScheme:
                         f"--{stack}-layerdrop is not supported with --residual-scheme {self.name}: "
                         f"{self.no_layerdrop_reason}; drop --{stack}-layerdrop"
                     )
+                if getattr(args, f"{stack}_layers_to_keep", None):
+                    raise ValueError(
+                        f"--{stack}-layers-to-keep is not supported with --residual-scheme {self.name}: "
+                        f"{self.no_layerdrop_reason}; drop --{stack}-layers-to-keep"
+                    )
 
     # ------------------------------------------------------------------ building (protocol schemes)
     def sublayer_residual(self, cfg, site) -> SublayerResidual:
@@ -248,9 +270,9 @@ class ResidualScheme:
     def warn_before_hook(self, model) -> None:
         """Called when ``model`` runs in eval mode (or is scripted) before its training hook ran."""
 
-    def upgrade_state_dict(self, state_dict, prefix: str, stack: str) -> None:
+    def upgrade_state_dict(self, state_dict, prefix: str, stack: str, options: SchemeOptions) -> None:
         """Rename the parameters of older checkpoints of this scheme in place (keys start with ``prefix``,
-        e.g. ``encoder.``)."""
+        e.g. ``encoder.``); ``options`` say which trained layers the loading model keeps."""
 
     def __repr__(self):
         return f"<residual scheme {self.name} ({self.label})>"

@@ -19,6 +19,10 @@ initialisation (see github.com/microsoft/torchscale/issues/16). Decoder beta and
 
 The sub-layers are fairseq's; the residual is :class:`DeepNormResidual` over the residual protocol.
 """
+from typing import List
+
+from torch import Tensor
+
 from ..residual import NORM_OUTPUT, SublayerResidual, with_main
 from .base import ResidualScheme
 
@@ -57,7 +61,7 @@ class DeepNormResidual(SublayerResidual):
         super().__init__(site)
         self.alpha = deepnorm_constants(site.encoder_layers, site.decoder_layers)[f"{site.stack}_alpha"]
 
-    def update(self, state, out):
+    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
         return with_main(state, state[0] * self.alpha + out)
 
     def extra_repr(self):

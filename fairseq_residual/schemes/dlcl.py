@@ -103,7 +103,7 @@ class DLCL(ResidualScheme):
     def stack_residual(self, cfg, stack, num_layers, embed_dim):
         return DLCLStack(stack, num_layers, embed_dim, export=cfg.export)
 
-    def upgrade_state_dict(self, state_dict, prefix, stack):
+    def upgrade_state_dict(self, state_dict, prefix, stack, options):
         """``{stack}.history.*`` of earlier versions of this plugin is ``{stack}.residual.*``."""
         pattern = re.compile(rf"^{re.escape(prefix)}history\.")
         for key in list(state_dict):

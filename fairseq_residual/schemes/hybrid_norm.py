@@ -26,6 +26,7 @@ fairseq's ``MultiheadAttention`` computes the projections inside ``F.multi_head_
 fast path; the HybridNorm attention takes fairseq's explicit path (``skip_embed_dim_check``), where each
 projection module is called, so that the norms apply.
 """
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fairseq.modules import LayerNorm
@@ -50,7 +51,7 @@ class HeadNormLinear(nn.Linear):
         self.norm = LayerNorm(self.head_dim, export=export)
 
     def forward(self, x: Tensor) -> Tensor:
-        y = super().forward(x)
+        y = F.linear(x, self.weight, self.bias)
         shape = y.shape
         return self.norm(y.view(shape[:-1] + (self.num_heads, self.head_dim))).view(shape)
 

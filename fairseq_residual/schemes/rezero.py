@@ -25,32 +25,36 @@ from .base import ResidualScheme
 
 
 class ReZeroResidual(SublayerResidual):
-    """``x = x + alpha_l * h``, ``h = drop(F(x))``, no LayerNorm; state ``[x, alpha_l]`` inside a layer.
+    """``x = x + alpha_l * h``, ``h = drop(F(x))``, no LayerNorm; state ``[x, alpha_l]`` inside a layer, the
+    alpha put there by the layer's first sub-layer (:class:`ReZeroFirstResidual`).
 
     Args:
-        site: the sub-layer; the layer's first (self-attention) holds ``resweight``, the last (FFN) drops
-            it from the state.
+        site: the sub-layer; the layer's last (the FFN) drops alpha from the state.
     """
 
     NORM = NORM_NONE
 
     def __init__(self, site):
         super().__init__(site)
-        self.first = site.kind == "self_attn"
         self.last = site.kind == "ffn"
-        if self.first:
-            self.resweight = nn.Parameter(torch.zeros(()))
-
-    def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
-        if self.first:
-            return state[0], [state[0], self.resweight]
-        return state[0], state
 
     def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
         x = state[0] + state[1] * out
         if self.last:
             return [x]
         return with_main(state, x)
+
+
+class ReZeroFirstResidual(ReZeroResidual):
+    """The layer's first sub-layer (self-attention): holds the layer's ``resweight`` (alpha_l, init 0) and
+    hands it to the layer's other sub-layers through the state."""
+
+    def __init__(self, site):
+        super().__init__(site)
+        self.resweight = nn.Parameter(torch.zeros(()))
+
+    def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        return state[0], [state[0], self.resweight]
 
 
 class ReZero(ResidualScheme):
@@ -69,7 +73,7 @@ class ReZero(ResidualScheme):
     has_layer_norm = False
 
     def sublayer_residual(self, cfg, site):
-        return ReZeroResidual(site)
+        return ReZeroFirstResidual(site) if site.kind == "self_attn" else ReZeroResidual(site)
 
 
 SCHEME = ReZero()
