@@ -1,4 +1,4 @@
-# fairseq-residual: the two commands are `make test` and `make demo` (`make test-fast`: model tests only).
+# fairseq-residual: the two commands are `make test` and `make demo` (`make test-fast`: the tests not marked slow).
 # Both create the virtual environment in .venv when it is missing.
 PYTHON ?= python3
 VENV ?= .venv
@@ -28,9 +28,9 @@ $(STAMP): setup.py
 test: $(STAMP)
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
 
-# the in-process model tests only (marker `model`, see pytest.ini): no fairseq CLI runs, under a minute
+# every test not marked `slow` (see pytest.ini): no fairseq CLI runs, about a minute
 test-fast: $(STAMP)
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m model tests $(PYTEST_ARGS)
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not slow" tests $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	PATH=$(abspath $(VENV))/bin:$$PATH bash scripts/run_demo.sh $(DEMO_ARGS)

@@ -1,12 +1,17 @@
-"""fairseq-residual: Post-LN, Pre-LN and ResiDual Transformers as a fairseq user-dir plugin."""
+"""fairseq-residual: Transformers with selectable residual schemes (Post-LN, Pre-LN, ResiDual and the other schemes
+of the ResiDual paper's tables) as a fairseq user-dir plugin.
+
+The install ships the plugin alone (``fairseq_residual``, with ``analyze`` and its console script); the study
+tooling (``scripts/residual_studies``) runs from the checkout."""
 from setuptools import find_packages, setup
 
 setup(
     name="fairseq-residual",
     version="0.1.0",
     description=(
-        "A fairseq plugin (--user-dir fairseq_residual) registering the residual_transformer model "
-        "with Post-LN, Pre-LN and ResiDual (Xie et al. 2023, arXiv 2304.14802) residual schemes"
+        "A fairseq plugin (--user-dir fairseq_residual) registering the residual_transformer model with "
+        "selectable residual schemes: Post-LN, Pre-LN, ResiDual (Xie et al. 2023, arXiv 2304.14802) and the "
+        "other schemes of that paper's tables"
     ),
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",

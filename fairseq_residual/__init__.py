@@ -7,8 +7,8 @@ registry), ``config`` (options), ``layers`` (sub-layers shared by the schemes' l
 ``encoder_decoder`` (stacks), ``model`` (registration and presets), ``checkpoint_compat`` (loading
 fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving and resuming), ``tasks`` (the
 ``translation_with_grad_norms`` task), ``lr_scheduler`` (``inverse_sqrt_nowarmup``, T-Fixup's schedule).
-``analyze`` (the ``fairseq-residual-analyze`` command) and ``tools`` (the study tooling behind
-``scripts/``) register nothing: not imported here.
+``analyze`` (the ``fairseq-residual-analyze`` command) registers nothing: not imported here. The study
+tooling is not part of the package: it runs from the checkout (``scripts/residual_studies``).
 ``registration_guard`` refuses a second copy of the plugin in one process.
 """
 from .registration_guard import check_single_copy

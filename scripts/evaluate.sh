@@ -7,7 +7,7 @@ set -euo pipefail
 NAME=evaluate
 LOG_TO_STDERR=1  # stdout is not used for data, but the log always went to stderr here
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # SCRIPT_DIR, REPO, log, die, need_value, tools
-USER_DIR="${FAIRSEQ_RESIDUAL_USER_DIR:-$REPO/fairseq_residual}"
+USER_DIR="${FAIRSEQ_RESIDUAL_USER_DIR:-}"
 
 BENCHMARK=""
 RUN_DIR=""
@@ -152,6 +152,8 @@ newstest_subset() { if [[ $1 == 2014 ]]; then echo test; else echo "newstest$1";
 
 PYTHON="${PYTHON:-python}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+# the plugin folder Python imports, unless FAIRSEQ_RESIDUAL_USER_DIR names one
+[[ -n "$USER_DIR" ]] || USER_DIR="$(tools plugin-dir)" || die "cannot find fairseq_residual with $PYTHON: install the project"
 command -v fairseq-generate >/dev/null 2>&1 \
     || die "'fairseq-generate' not on PATH (activate the environment where fairseq is installed)"
 RUN_DIR="$(cd "$RUN_DIR" && pwd)"

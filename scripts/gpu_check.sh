@@ -134,6 +134,6 @@ done
 # =============================================================================================
 # summary
 # =============================================================================================
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m fairseq_residual.tools.shell speed-summary "$OUT" $DTYPES \
+PYTHONPATH="$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m residual_studies.shell speed-summary "$OUT" $DTYPES \
     | tee "$OUT/summary.txt"
 exit "$failed"

@@ -24,9 +24,10 @@ need_value() { [[ $# -ge 2 && -n "$2" ]] || die "option $1 needs a value (see --
 # need_positive_int LABEL VALUE
 need_positive_int() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '$2'"; }
 
-# tools CMD ARGS...: python -m fairseq_residual.tools.shell (this checkout's copy first on the path)
+# tools CMD ARGS...: python -m residual_studies.shell, the study tooling beside this file (scripts/ on the
+# path; fairseq_residual is the one Python imports: the installed plugin, or this checkout's without one)
 tools() {
-    PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m fairseq_residual.tools.shell "$@"
+    PYTHONPATH="$SCRIPT_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m residual_studies.shell "$@"
 }
 
 # prepare_tools MODULE...: PYTHON (python, else python3) with MODULE... importable and
@@ -39,9 +40,9 @@ prepare_tools() {
         || die "'fairseq-preprocess' not on PATH (activate the environment where fairseq is installed)"
     prep check-deps "$@"
 }
-# prep STEP ARGS...: one corpus preparation step (fairseq_residual/tools/corpus.py, run as a file:
+# prep STEP ARGS...: one corpus preparation step (scripts/residual_studies/corpus.py, run as a file:
 # standard library only, no plugin import, a fraction of a second per step)
-prep() { "$PYTHON" "$REPO/fairseq_residual/tools/corpus.py" "$@"; }
+prep() { "$PYTHON" "$SCRIPT_DIR/residual_studies/corpus.py" "$@"; }
 
 # need_fairseq_train HINT: stop unless fairseq-train is on PATH (HINT: how to get it there)
 need_fairseq_train() {

@@ -7,7 +7,6 @@ set -euo pipefail
 NAME=train
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # SCRIPT_DIR, REPO, log, warn, die, need_value, tools
 CONFIG_DIR="$REPO/configs"
-USER_DIR="${FAIRSEQ_RESIDUAL_USER_DIR:-$REPO/fairseq_residual}"
 
 BENCHMARK=""
 SCHEMES="resi_dual"
@@ -137,10 +136,13 @@ esac
 
 PYTHON="${PYTHON:-$(command -v python || command -v python3)}"
 # configs/$CONFIG.yaml's max_tokens x update_freq (the paper's tokens per update on one GPU), its
-# precision and encoder depth, and the registered schemes: one Python start-up
+# precision and encoder depth; the run directory's name pattern; the folder of the plugin Python imports
+# (the --user-dir, unless FAIRSEQ_RESIDUAL_USER_DIR names one); the registered schemes: one Python start-up
 DEFAULTS="$(tools train-defaults "$CONFIG")" \
     || die "cannot import fairseq_residual with $PYTHON: install the project (pip install -e .)"
-read -r TOTAL_TOKENS DEFAULT_PRECISION DEFAULT_DEPTH KNOWN_SCHEMES <<< "$DEFAULTS"
+{ read -r TOTAL_TOKENS DEFAULT_PRECISION DEFAULT_DEPTH; read -r RUN_NAME; read -r PLUGIN_DIR
+  read -r KNOWN_SCHEMES; } <<< "$DEFAULTS"
+USER_DIR="${FAIRSEQ_RESIDUAL_USER_DIR:-$PLUGIN_DIR}"
 DEPTHS="${DEPTHS:-$DEFAULT_DEPTH}"
 
 split_list() { tr ',' ' ' <<< "$1"; }
@@ -401,7 +403,9 @@ FAILED=()
 for scheme in "${SCHEME_LIST[@]}"; do
 for layers in "${DEPTH_LIST[@]}"; do
 for seed in "${SEED_LIST[@]}"; do
-    run_name="$scheme-${layers}L-seed$seed"
+    run_name="${RUN_NAME//\{scheme\}/$scheme}"
+    run_name="${run_name//\{layers\}/$layers}"
+    run_name="${run_name//\{seed\}/$seed}"
     run_dir="$SAVE_ROOT/$BENCHMARK/$run_name"
     job="$BENCHMARK-$run_name"
     build_command "$scheme" "$layers" "$seed" "$run_dir"

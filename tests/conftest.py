@@ -1,4 +1,5 @@
-"""Shared fixtures: building models in-process from fairseq command-line flags, and tiny corpora."""
+"""Shared fixtures: building models in-process from fairseq command-line flags, tiny corpora, the environment
+of subprocesses, and the study tooling (scripts/residual_studies, importable from here)."""
 import os
 import random
 import shutil
@@ -12,8 +13,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "fairseq_residual")
 VENV_BIN = Path(sys.executable).parent
+SCRIPTS = REPO / "scripts"
+SHIPPED_CORPUS = REPO / "data" / "ding-de-en"
+sys.path.insert(0, str(SCRIPTS))  # the study tooling runs from the checkout, as scripts/*.py run it
 
-from fairseq_residual.tools.runner import MALLOC_ENV  # noqa: E402
+from residual_studies.runner import MALLOC_ENV  # noqa: E402
 
 torch.set_num_threads(1)  # the suite runs on 2 shared cores; one thread per process is fastest overall
 # every fairseq subprocess of the suite gets the tools' malloc settings (fewer page faults, same numbers)
@@ -21,10 +25,34 @@ for _key, _value in MALLOC_ENV.items():
     os.environ.setdefault(_key, _value)
 
 
+#: test files that run fairseq's CLIs but mark neither their slow tests (``slow``) nor their in-process ones
+#: (``model``): every test in them counts as slow, until the file marks its slow tests itself
+UNMARKED_CLI_FILES = ("test_analyze", "test_checkpoint_safety", "test_cli", "test_configs")
+
+
+def pytest_collection_modifyitems(items):
+    """The marker ``slow`` (``make test-fast`` deselects it): a file that marks its slow tests is taken as it
+    is; in a file that marks in-process tests ``model`` instead, the others are slow; in the files of
+    :data:`UNMARKED_CLI_FILES` every test is."""
+    by_file = {}
+    for item in items:
+        by_file.setdefault(item.module.__name__, []).append(item)
+    for name, tests in by_file.items():
+        if any(t.get_closest_marker("slow") for t in tests):
+            continue
+        uses_model = any(t.get_closest_marker("model") for t in tests)
+        for t in tests:
+            if (uses_model and not t.get_closest_marker("model")) or name in UNMARKED_CLI_FILES:
+                t.add_marker(pytest.mark.slow)
+
+
 def cli_env():
-    """Environment for subprocess CLI calls: the venv's bin first on PATH, no weights_only override."""
+    """Environment for every subprocess of the suite (fairseq CLIs, the scripts): the venv's bin first on
+    PATH, its Python as ``PYTHON`` (what the shell scripts run), one thread, unbuffered output, no
+    weights_only override."""
     env = dict(os.environ)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHON"] = sys.executable
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
@@ -148,25 +176,43 @@ def fresh_copy(tmp_path):
     return _copy
 
 
-SHIPPED_CORPUS = REPO / "data" / "ding-de-en"
+def write_corpus_head(directory, n_train, n_valid, n_test):
+    """The first ``n_train`` / ``n_valid`` / ``n_test`` pairs of each split of the shipped German-English corpus
+    (data/ding-de-en) in ``directory`` (``{train,valid,test}.{de,en}``); returns the folder."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_valid), ("test", n_test)):
+        for lang in ("de", "en"):
+            with open(SHIPPED_CORPUS / f"{split}.{lang}", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(n)]
+            (directory / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
+    return directory
 
 
 @pytest.fixture(scope="session")
-def shipped_data_bin(tmp_path_factory):
+def corpus_head(tmp_path_factory):
+    """``corpus_head(n_train, n_valid, n_test)``: a folder holding the first pairs of the shipped corpus
+    (:func:`write_corpus_head`), made once per session for each size; do not write into it."""
+    made = {}
+
+    def head(n_train, n_valid, n_test):
+        key = (n_train, n_valid, n_test)
+        if key not in made:
+            made[key] = write_corpus_head(tmp_path_factory.mktemp("corpus_head"), *key)
+        return made[key]
+
+    return head
+
+
+@pytest.fixture(scope="session")
+def shipped_data_bin(tmp_path_factory, corpus_head):
     """The first pairs of the shipped German-English corpus (data/ding-de-en), whitespace-tokenised and
     binarized with a joined dictionary capped at 2,000 types: ``(raw_dir, bin_dir)``, lang de -> en.
 
     400 training pairs and 24 valid/test pairs: enough for a few real updates and beam search on real
     text, small enough for CI."""
-    root = tmp_path_factory.mktemp("shipped_corpus")
-    raw = root / "raw"
-    raw.mkdir()
-    for split, n in (("train", 400), ("valid", 24), ("test", 24)):
-        for lang in ("de", "en"):
-            with open(SHIPPED_CORPUS / f"{split}.{lang}", encoding="utf-8") as f:
-                lines = [next(f) for _ in range(n)]
-            (raw / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
-    binned = root / "bin"
+    raw = corpus_head(400, 24, 24)
+    binned = tmp_path_factory.mktemp("shipped_corpus") / "bin"
     run_cli(
         [
             "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",

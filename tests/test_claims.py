@@ -1,26 +1,39 @@
-"""The claims study (scripts/claims_study.sh -> fairseq_residual.tools.claims).
+"""The claims study (scripts/claims_study.sh -> residual_studies.claims_study, .claims, .claims_report).
 
 * The verdict rule on paired differences: holds / does not hold / inconclusive from the 95% t-interval.
 * The claims computed from a synthetic grid (no training): each claim's direction, the divergence count,
   the paper's number beside it, ablation rows, the claims at several budgets, and a report that lists
   every registered scheme's cells.
 * The learning curve's plateau rule.
-* One real, tiny run through the entry point (one scheme, two conditions, one seed, 30 updates, a
-  300-pair copy of the shipped corpus): cells trained, translated, analysed; a second run skips them; a
-  larger budget continues a cell bit for bit; a learning curve of the same cell.
+* One real, tiny run (one scheme, two conditions, one seed, 30 updates, a 300-pair head of the shipped
+  corpus), in-process: cells trained, translated, analysed; a second run skips them; a larger budget
+  continues a cell bit for bit; a learning curve of the same cell. A killed study, through the entry point.
 """
 import json
 import math
 import os
 import subprocess
-import sys
 
 import pytest
 
-from fairseq_residual.schemes import SCHEME_NAMES
-from fairseq_residual.tools import claims, learning_curve
+from conftest import REPO, cli_env
+from fairseq_residual.schemes import SCHEME_NAMES, colors
+from residual_studies import claims, claims_report, claims_study, learning_curve, stats
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
+TINY = ["--warmup", "5", "--lr", "3e-3", "--width", "16", "--heads", "2", "--vocab-size", "200",
+        "--bleu-sentences", "5", "--max-tokens", "512", "--log-interval", "1"]
+
+
+def study_in_process(capsys, *args):
+    """The claims study (or its learning curves) on ``args`` in this process, as scripts/claims_study.py
+    runs it; its printed output."""
+    options = claims.parse_args([str(a) for a in args])
+    main = learning_curve.main if options.learning_curve else claims_study.main
+    code = main(options)
+    out = capsys.readouterr()
+    assert code == 0, out.out[-3000:] + out.err[-3000:]
+    return out.out + out.err
 
 
 @pytest.mark.parametrize(
@@ -34,14 +47,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ],
 )
 def test_verdict(diffs, sign, word):
-    v = claims.verdict(diffs, sign)
+    v = stats.verdict(diffs, sign)
     assert v["verdict"] == word
     vals = [d for d in diffs if d is not None]
     assert v["n"] == len(vals)
     if len(vals) > 1:
         sd = math.sqrt(sum((d - sum(vals) / len(vals)) ** 2 for d in vals) / (len(vals) - 1))
         assert v["sd"] == pytest.approx(sd)
-        assert v["ci"] == pytest.approx(claims.T95[len(vals) - 1] * sd / math.sqrt(len(vals)))
+        assert v["ci"] == pytest.approx(stats.T95[len(vals) - 1] * sd / math.sqrt(len(vals)))
 
 
 def fake_cell(scheme, condition, seed, nll=None, bleu=None, status="ok"):
@@ -88,9 +101,11 @@ def test_claims_from_a_synthetic_grid():
     assert res["effect"]["verdict"] == "no effect resolved"
     less = found["without warm-up, ResiDual loses less than Pre-LN (valid_nll, 6+6)"]
     assert less["effect"]["verdict"] == "holds" and less["effect"]["mean"] < -0.9
+    assert less["paper"] == "-0.13 vs 2.84 BLEU"  # BLEU lost without warm-up, ResiDual vs Pre-LN, paper
     assert found["at 12+12 layers, Post-LN fails"]["verdict"] == "holds"
     beats = found["at 12+12 layers, ResiDual beats Pre-LN (valid_nll)"]
     assert beats["effect"]["verdict"] == "holds" and beats["effect"]["mean"] == pytest.approx(-0.3)
+    assert beats["paper"] == "36.09 vs 35.18 BLEU" and found["at 12+12 layers, Post-LN fails"]["paper"] == "fail"
     # the same grid with ResiDual clearly worse at 12 layers: the claim does not hold
     for seed in (1, 2, 3):
         by[("resi_dual", "warm12", seed)]["stats"]["valid_nll_loss"] = 7.0 + 0.01 * seed
@@ -106,7 +121,7 @@ def test_report_lists_every_scheme_with_mean_and_sd(tmp_path):
             cells += [fake_cell(scheme, "warm6", s, 6.5, 3.0) for s in (1, 2, 3)]
     args = claims.build_parser().parse_args(["--out", str(tmp_path)])
     args.argv, args.out = ["--seeds", "1,2,3"], str(tmp_path)
-    text = claims.write_report(args, cells, wall_s=60)
+    text = claims_report.write_report(args, cells, wall_s=60)
     for label in ("Post-LN", "Pre-LN", "ResiDual"):
         assert f"| warm6 | {label} | 3 |" in text
     for scheme in SCHEME_NAMES:
@@ -140,6 +155,10 @@ def test_ablation_rows_get_their_own_claims_label_and_cells():
     ns, depth = claims.cell_args(args, "warm6", 1, row)
     assert ns.extra_train_args == "--resi-dual-start-from zeros" and depth == 6
     assert claims.cell_args(args, "warm6", 1, "resi_dual")[0].extra_train_args == ""
+    # every row of a figure has a colour of its own: the ablations' are none of the schemes'
+    ablation_colors = [claims.row_color(claims.row_key(a)) for a in claims.ABLATIONS]
+    assert len(set(ablation_colors)) == len(ablation_colors)
+    assert not set(ablation_colors) & set(colors().values())
 
 
 def test_claims_by_budget_table_has_one_column_per_budget():
@@ -149,7 +168,7 @@ def test_claims_by_budget_table_has_one_column_per_budget():
         if r["scheme"] == "resi_dual" and r["condition"] == "warm12":
             r["stats"]["valid_nll_loss"] = 6.8 + 0.01 * r["seed"]
     late = {(r["scheme"], r["condition"], r["seed"]): r for r in late_cells}
-    table = claims.claims_by_budget({1000: early, 4000: late}, ["warm6", "nowarm6", "warm12"])
+    table = claims_report.claims_by_budget({1000: early, 4000: late}, ["warm6", "nowarm6", "warm12"])
     header, _, *rows = table.splitlines()
     assert header == "| claim | 1000 updates | 4000 updates |"
     beats = next(r for r in rows if r.startswith("| at 12+12 layers, ResiDual beats Pre-LN (valid_nll)"))
@@ -193,31 +212,17 @@ def _same_weights(a, b):
     return wa.keys() == wb.keys() and all(bool((wa[k] == wb[k]).all()) for k in wa)
 
 
-def test_a_tiny_real_run_trains_translates_analyses_resumes_and_continues(tmp_path):
+@pytest.mark.slow
+def test_a_tiny_real_run_trains_translates_analyses_resumes_and_continues(tmp_path, corpus_head, capsys):
     """One scheme, two conditions, one seed, 30 updates; the same command again skips both cells; 40
     updates continue the warm6 cell, equal bit for bit to a cell trained to 40 at once; a learning curve
     of the same cell has its checkpoints, and its model at 30 updates is the grid cell's at 30."""
-    data = tmp_path / "corpus"
-    data.mkdir()
-    for split, n in (("train", 300), ("valid", 20), ("test", 20)):
-        for lang in ("de", "en"):
-            with open(os.path.join(ROOT, "data", "ding-de-en", f"{split}.{lang}"), encoding="utf-8") as f:
-                (data / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
+    data = corpus_head(300, 20, 20)
     out = tmp_path / "study"
-    base = ["bash", os.path.join(ROOT, "scripts", "claims_study.sh"), "--data", str(data),
-            "--schemes", "post_ln", "--seeds", "1", "--warmup", "5", "--lr", "3e-3", "--width", "16",
-            "--heads", "2", "--vocab-size", "200", "--bleu-sentences", "5", "--max-tokens", "512",
-            "--log-interval", "1"]
-    cmd = base + ["--out", str(out), "--conditions", "warm6,nowarm6", "--updates", "30"]
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-               PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    base = ["--data", data, "--schemes", "post_ln", "--seeds", "1", *TINY]
+    cmd = base + ["--out", out, "--conditions", "warm6,nowarm6", "--updates", "30"]
 
-    def run(args):
-        proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        return proc.stdout + proc.stderr
-
-    run(cmd)
+    study_in_process(capsys, *cmd)
     saved = json.loads((out / "results.json").read_text())
     assert {(c["condition"], c["status"]) for c in saved["cells"]} == {("warm6", "ok"), ("nowarm6", "ok")}
     for cell in saved["cells"]:
@@ -225,10 +230,10 @@ def test_a_tiny_real_run_trains_translates_analyses_resumes_and_continues(tmp_pa
         assert "--warmup-updates 1 " in cell["command"] if cell["condition"] == "nowarm6" else \
             "--warmup-updates 5 " in cell["command"]
     assert "without warm-up, Post-LN fails (6+6)" in (out / "results.md").read_text()
-    assert run(cmd).count("finished earlier (ok), skipped") == 2
+    assert study_in_process(capsys, *cmd).count("finished earlier (ok), skipped") == 2
 
     # a larger budget continues the cell from its checkpoint at 30 updates
-    text = run(base + ["--out", str(out), "--conditions", "warm6", "--updates", "40"])
+    text = study_in_process(capsys, *base, "--out", out, "--conditions", "warm6", "--updates", "40")
     assert "training on from 30 updates to 40 updates" in text
     (cell,) = json.loads((out / "results.json").read_text())["cells"]
     cell_dir = out / "cells" / cell["cell"]
@@ -236,13 +241,13 @@ def test_a_tiny_real_run_trains_translates_analyses_resumes_and_continues(tmp_pa
         (cell_dir / "train_state.json").read_text())["segments"]] == [30, 40]
     assert (cell_dir / "budgets" / "u30" / "result.json").exists()  # the earlier budget is kept
     fresh = tmp_path / "fresh"
-    run(base + ["--out", str(fresh), "--conditions", "warm6", "--updates", "40"])
+    study_in_process(capsys, *base, "--out", fresh, "--conditions", "warm6", "--updates", "40")
     assert _same_weights(cell_dir / "budgets" / "u40" / "checkpoint.pt",
                          fresh / "cells" / cell["cell"] / "budgets" / "u40" / "checkpoint.pt")
 
     # the learning curve of the same cell: a checkpoint every 10 updates, each scored
-    run(base + ["--out", str(out), "--conditions", "warm6", "--updates", "30", "--learning-curve",
-                "--curve-every", "10"])
+    study_in_process(capsys, *base, "--out", out, "--conditions", "warm6", "--updates", "30",
+                     "--learning-curve", "--curve-every", "10")
     (curve,) = json.loads((out / "learning_curve.json").read_text())["curves"]
     assert [p["updates"] for p in curve["points"]] == [10, 20, 30]
     assert all(p["bleu"] is not None and p["valid_nll"] is not None for p in curve["points"])
@@ -251,7 +256,9 @@ def test_a_tiny_real_run_trains_translates_analyses_resumes_and_continues(tmp_pa
     assert "Where each metric stops moving" in (out / "learning_curve.md").read_text()
 
 
-def test_a_killed_study_resumes_from_its_last_checkpoint_and_equals_the_uninterrupted_run(tmp_path):
+@pytest.mark.slow
+def test_a_killed_study_resumes_from_its_last_checkpoint_and_equals_the_uninterrupted_run(tmp_path, corpus_head,
+                                                                                         capsys):
     """SIGKILL the whole study (the shell script, Python and fairseq-train) once a cell's training has saved
     an intermediate checkpoint (--checkpoint-every 10); the same command resumes it from that checkpoint, not
     from update 0, and the cell ends bit for bit equal to one trained without a kill."""
@@ -259,18 +266,10 @@ def test_a_killed_study_resumes_from_its_last_checkpoint_and_equals_the_uninterr
     import signal
     import time
 
-    data = tmp_path / "corpus"
-    data.mkdir()
-    for split, n in (("train", 300), ("valid", 20), ("test", 20)):
-        for lang in ("de", "en"):
-            with open(os.path.join(ROOT, "data", "ding-de-en", f"{split}.{lang}"), encoding="utf-8") as f:
-                (data / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)), encoding="utf-8")
-    base = ["bash", os.path.join(ROOT, "scripts", "claims_study.sh"), "--data", str(data),
-            "--schemes", "pre_ln", "--seeds", "1", "--warmup", "5", "--lr", "3e-3", "--width", "16",
-            "--heads", "2", "--vocab-size", "200", "--bleu-sentences", "5", "--max-tokens", "512",
-            "--log-interval", "1", "--conditions", "warm6", "--updates", "60", "--jobs", "1"]
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-               PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    args = ["--data", str(corpus_head(300, 20, 20)), "--schemes", "pre_ln", "--seeds", "1", *TINY,
+            "--conditions", "warm6", "--updates", "60", "--jobs", "1"]
+    base = ["bash", os.path.join(ROOT, "scripts", "claims_study.sh"), *args]
+    env = cli_env()
     out = tmp_path / "killed"
     proc = subprocess.Popen(base + ["--out", str(out), "--checkpoint-every", "10"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -283,17 +282,14 @@ def test_a_killed_study_resumes_from_its_last_checkpoint_and_equals_the_uninterr
     (cell_dir,) = glob.glob(str(out / "cells" / "*"))
     assert not os.path.exists(os.path.join(cell_dir, "train_state.json"))  # killed inside its first segment
 
-    resumed = subprocess.run(base + ["--out", str(out), "--checkpoint-every", "10"], env=env,
-                             capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    study_in_process(capsys, *args, "--out", out, "--checkpoint-every", "10")
     with open(os.path.join(cell_dir, "train-u60.log"), encoding="utf-8") as f:
         log = f.read()
     loaded = [int(n) for n in __import__("re").findall(r"Loaded checkpoint .*\(epoch \d+ @ (\d+) updates\)", log)]
     assert loaded and loaded[-1] > 0  # the second fairseq-train started from the killed run's checkpoint
 
     fresh = tmp_path / "fresh"
-    done = subprocess.run(base + ["--out", str(fresh)], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    study_in_process(capsys, *args, "--out", fresh)
     name = os.path.basename(cell_dir)  # --checkpoint-every is not a setting of the cell: same folder name
     assert _same_weights(os.path.join(cell_dir, "budgets", "u60", "checkpoint.pt"),
                          fresh / "cells" / name / "budgets" / "u60" / "checkpoint.pt")

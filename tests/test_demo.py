@@ -1,11 +1,11 @@
-"""Tests for the German->English demo (scripts/run_demo.sh -> scripts/demo.py).
+"""Tests for the German->English demo (scripts/run_demo.sh -> scripts/demo.py -> residual_studies.demo).
 
 One shortened demo run goes through the real entry point and the real fairseq CLIs: one scheme
 (ResiDual), a tiny model (2+2 layers, width 32), 5 updates, the first 100 pairs of each split of the
-shipped corpus, into a temporary folder. The tests then check its outputs, that a second run reuses
-every finished step, that the printed fairseq-interactive line works, and that a missing or corrupt
-corpus file stops the demo with an error naming the file. The untrained model's translations are
-garbage; only their format and the scores' ranges are checked.
+shipped corpus, into a temporary folder. The tests then check its outputs (the scores against sacreBLEU
+called here on the same files), that a second run reuses every finished step, that the printed
+fairseq-interactive line works, and that a missing or corrupt corpus file stops the demo with an error
+naming the file. The later runs call the demo in-process: the entry point adds nothing they test.
 """
 
 import json
@@ -13,28 +13,32 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
+from sacrebleu.metrics import BLEU, CHRF
 
-from fairseq_residual.tools import demo
+from conftest import REPO, SHIPPED_CORPUS, cli_env
+from residual_studies import demo
+from residual_studies.logs import loss_curves
+from residual_studies.runner import ToolError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
 ENTRY = os.path.join(ROOT, "scripts", "run_demo.sh")
-DATA = os.path.join(ROOT, "data", "ding-de-en")
+DATA = str(SHIPPED_CORPUS)
 ARGS = ["--schemes", "resi_dual", "--max-update", "5", "--tiny", "--subset", "100"]
 
-
-def _env():
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env["PYTHON"] = sys.executable
-    return env
+pytestmark = pytest.mark.slow
 
 
 def run_demo(*args, cwd=ROOT):
-    return subprocess.run(["bash", ENTRY, *args], cwd=cwd, env=_env(), capture_output=True,
+    return subprocess.run(["bash", ENTRY, *args], cwd=cwd, env=cli_env(), capture_output=True,
                           text=True, timeout=600)
+
+
+def demo_in_process(capsys, *args):
+    """The demo's ``main`` on ``args`` in this process; its printed output."""
+    assert demo.main(list(args)) == 0
+    return capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +54,10 @@ def test_results_table_json_plot_examples(demo_run):
     res = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert list(res["schemes"]) == ["resi_dual"]
     r = res["schemes"]["resi_dual"]
-    assert 0.0 <= r["bleu"] <= 100.0 and 0.0 <= r["chrf"] <= 100.0
+    hyps = (out / "runs" / "resi_dual" / "hyp.test.en").read_text(encoding="utf-8").split("\n")[:-1]
+    refs = (out / "data" / "raw" / "test.en").read_text(encoding="utf-8").split("\n")[:-1]
+    assert r["bleu"] == round(BLEU().corpus_score(hyps, [refs]).score, 2)  # the detokenized text, raw refs
+    assert r["chrf"] == round(CHRF().corpus_score(hyps, [refs]).score, 2)
     assert r["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert "chrF" not in r["bleu_signature"] and r["chrf_signature"].startswith("nrefs:1")
     assert math.isfinite(r["best_valid_loss"]) and 0 < r["best_valid_loss"] < 20  # bits / token
@@ -59,7 +66,7 @@ def test_results_table_json_plot_examples(demo_run):
     # tiny preset: 2+2 layers, width 32, ffn 64, shared embeddings of the joint vocabulary
     assert res["settings"]["layers"] == 2 and res["settings"]["embed_dim"] == 32
     # the loss curves behind the plot: every logged update (log interval 1), finite losses
-    curves = demo.parse_train_log(str(out / "runs" / "resi_dual" / "train.log"))
+    curves = loss_curves(str(out / "runs" / "resi_dual" / "train.log"))
     assert [u for u, _ in curves["train"]] == [1, 2, 3, 4, 5]
     assert all(math.isfinite(loss) for _, loss in curves["train"])
     assert curves["params"] == r["params"]
@@ -101,35 +108,34 @@ def test_printed_interactive_command_translates(demo_run):
         assert flag in cmd
     # run the printed line as a user would (from the repository root), on another sentence
     line = cmd.replace(demo.INTERACTIVE_SENTENCE, "Das Haus ist groß.")
-    done = subprocess.run(["bash", "-o", "pipefail", "-c", line], cwd=ROOT, env=_env(),
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", line], cwd=ROOT, env=cli_env(),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert len(lines) == 1 and lines[0].strip() and "\u2581" not in lines[0]
 
 
-def test_rerun_reuses_finished_steps(demo_run):
+def test_rerun_reuses_finished_steps(demo_run, capsys):
     out, first = demo_run
     before = json.loads((out / "results.json").read_text(encoding="utf-8"))
     ckpt = out / "runs" / "resi_dual" / "checkpoint_last.pt"
     mtime = ckpt.stat().st_mtime_ns
-    proc = run_demo(*ARGS, "--out", str(out))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = demo_in_process(capsys, *ARGS, "--out", str(out))
     for what in ("data: reusing", "train resi_dual: reusing", "translate resi_dual: reusing",
                  "interactive: reusing"):
-        assert what in proc.stdout
-    assert "fairseq-train " not in proc.stdout and "fairseq-generate " not in proc.stdout
+        assert what in text
+    assert "fairseq-train " not in text and "fairseq-generate " not in text
     assert ckpt.stat().st_mtime_ns == mtime
     after = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert after["schemes"]["resi_dual"]["bleu"] == before["schemes"]["resi_dual"]["bleu"]
     assert after["demo_wall_s"] < before["demo_wall_s"] / 3
+    assert after["history"][-1]["computed"] == []  # nothing computed: every step reused
 
     # other settings for a finished run: an error naming the folder, not a silent retrain
-    proc = run_demo("--schemes", "resi_dual", "--max-update", "4", "--tiny", "--subset", "100",
-                    "--out", str(out))
-    assert proc.returncode == 2
-    assert "runs/resi_dual" in proc.stderr and "max_update: 5 -> 4" in proc.stderr
-    assert "--overwrite" in proc.stderr
+    with pytest.raises(ToolError) as err:
+        demo.main(["--schemes", "resi_dual", "--max-update", "4", "--tiny", "--subset", "100", "--out", str(out)])
+    assert "runs/resi_dual" in str(err.value) and "max_update: 5 -> 4" in str(err.value)
+    assert "--overwrite" in str(err.value)
 
 
 def _corpus_copy(tmp_path):
@@ -151,10 +157,10 @@ def test_corrupt_data_files_name_the_file(tmp_path):
     data = _corpus_copy(tmp_path)
     lines = (data / "valid.de").read_text(encoding="utf-8").splitlines(keepends=True)
     (data / "valid.de").write_text("".join(lines[:-1]), encoding="utf-8")
-    proc = run_demo(*ARGS, "--data", str(data), "--out", str(tmp_path / "out"))
-    assert proc.returncode == 2
-    assert "line count mismatch" in proc.stderr
-    assert f"{data / 'valid.de'} has 999 lines" in proc.stderr and str(data / "valid.en") in proc.stderr
+    with pytest.raises(ToolError, match="line count mismatch") as err:
+        demo.main([*ARGS, "--data", str(data), "--out", str(tmp_path / "out")])
+    assert f"{data / 'valid.de'} has 999 lines" in str(err.value) and str(data / "valid.en") in str(err.value)
+    assert not (tmp_path / "out" / "data").exists()  # stopped before any work
 
     # the checks behind the other messages, without starting the entry point each time
     (data / "valid.de").write_text("".join(lines), encoding="utf-8")
@@ -178,33 +184,15 @@ def test_corrupt_data_files_name_the_file(tmp_path):
     assert counts == {"train": 13032, "valid": 1000, "test": 1000} and len(digests) == 6
 
 
-def test_parse_train_log_keeps_last_entry_of_resumed_updates(tmp_path):
-    log = tmp_path / "train.log"
-    log.write_text(
-        "2026-01-01 | INFO | fairseq_cli.train | num. shared model params: 1,234 (num. trained: 1,234)\n"
-        '2026-01-01 | INFO | train_inner | {"epoch": 1, "loss": "9.5", "num_updates": "10"}\n'
-        '2026-01-01 | INFO | valid | {"epoch": 1, "valid_loss": "9.0", "valid_nll_loss": "8.8", '
-        '"valid_ppl": "445.7", "valid_num_updates": "10"}\n'
-        "# resumed\n"
-        '2026-01-01 | INFO | train_inner | {"epoch": 1, "loss": "9.4", "num_updates": "10"}\n'
-        '2026-01-01 | INFO | train_inner | {"epoch": 2, "loss": "8.1", "num_updates": "20"}\n',
-        encoding="utf-8")
-    c = demo.parse_train_log(str(log))
-    assert c["params"] == 1234
-    assert c["train"] == [(10, 9.4), (20, 8.1)]
-    assert c["valid"] == [(10, 9.0, 8.8, 445.7)]
-
-
-def test_larger_max_update_continues_the_finished_run(demo_run, tmp_path):
+def test_larger_max_update_continues_the_finished_run(demo_run, tmp_path, capsys):
     out, _ = demo_run
     copy = tmp_path / "out"
     shutil.copytree(out, copy)
-    proc = run_demo("--schemes", "resi_dual", "--max-update", "8", "--tiny", "--subset", "100",
-                    "--out", str(copy))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "data: reusing" in proc.stdout
-    assert "train resi_dual: resuming from" in proc.stdout and "up to 8 updates" in proc.stdout
-    curves = demo.parse_train_log(str(copy / "runs" / "resi_dual" / "train.log"))
+    text = demo_in_process(capsys, "--schemes", "resi_dual", "--max-update", "8", "--tiny", "--subset", "100",
+                           "--out", str(copy))
+    assert "data: reusing" in text
+    assert "train resi_dual: resuming from" in text and "up to 8 updates" in text
+    curves = loss_curves(str(copy / "runs" / "resi_dual" / "train.log"))
     assert [u for u, _ in curves["train"]] == list(range(1, 9))  # 1-5 first, 6-8 resumed
     res = json.loads((copy / "results.json").read_text(encoding="utf-8"))
     assert res["schemes"]["resi_dual"]["updates"] == 8

@@ -1,8 +1,9 @@
-"""Tests of scripts/depth_study.py's bookkeeping: divergence classification, resumable cell folders,
-log parsing, and a report that shows diverged and failed cells instead of dropping them.
+"""The study cells' bookkeeping (scripts/residual_studies/cell.py) and the depth study's report: divergence
+classification, resumable cell folders, log parsing, and a report that shows diverged and failed cells
+instead of dropping them.
 
-The training itself is fairseq-train (exercised by tests/test_analyze.py and the demo's tests);
-these tests run no training and take about a second.
+The training itself is fairseq-train (exercised by tests/test_claims.py and the demo's tests); these tests run
+no training and take about a second.
 """
 import argparse
 import json
@@ -11,7 +12,7 @@ import os
 
 import pytest
 
-from fairseq_residual.tools import depth_study as ds
+from residual_studies import cell, depth_study
 
 VOCAB = 4000
 
@@ -29,20 +30,23 @@ VOCAB = 4000
     (0, "", {"valid_nll_loss": None}, "failed", "no validation"),
 ])
 def test_classify(rc, log, stats, status, phrase):
-    got, reason = ds.classify(rc, log, stats, VOCAB)
+    got, reason = cell.classify(rc, log, stats, VOCAB)
     assert got == status
     assert phrase in reason
 
 
 def test_cell_folder_is_stable_and_names_the_settings():
-    args = argparse.Namespace(out="/tmp/x")
     s = dict(scheme="pre_ln", depth=24, width=64, updates=300, lr=1e-3)
-    a, b = ds.cell_dir(args, s), ds.cell_dir(args, dict(s))
+    a, b = cell.folder("/tmp/x", s), cell.folder("/tmp/x", dict(s))
     assert a == b  # a rerun finds the same folder (and skips the cell when result.json is there)
     assert os.path.basename(a).startswith("pre_ln-L24-w64-")
-    assert ds.cell_dir(args, dict(s, lr=2e-3)) != a  # any other setting: another cell
-    assert ds.cell_dir(args, dict(s, updates=1200)) == a  # but a longer budget continues this one
-    assert ds.result_path(args, s) == os.path.join(a, "budgets", "u300", "result.json")
+    assert cell.folder("/tmp/x", dict(s, lr=2e-3)) != a  # any other setting: another cell
+    assert cell.folder("/tmp/x", dict(s, updates=1200)) == a  # but a longer budget continues this one
+    assert cell.result_path("/tmp/x", s) == os.path.join(a, "budgets", "u300", "result.json")
+    # the name is the scheme, depth, width and the first 8 hex digits of the settings' SHA-256 (sorted JSON,
+    # without the updates): existing cell folders are found by every later version
+    assert os.path.basename(a) == "pre_ln-L24-w64-" + __import__("hashlib").sha256(
+        b'{"depth": 24, "lr": 0.001, "scheme": "pre_ln", "width": 64}').hexdigest()[:8]
 
 
 def test_parse_log(tmp_path):
@@ -51,7 +55,7 @@ def test_parse_log(tmp_path):
         '2026 | INFO | train_inner | {"num_updates": "25", "loss": "9.1", "gnorm_enc_low_top": "0.5"}\n'
         "2026 | INFO | fairseq.trainer | something else\n"
         '2026 | INFO | valid | {"valid_loss": "8.8", "valid_nll_loss": "8.3"}\n')
-    parsed = ds.parse_log(str(path))
+    parsed = cell.parse_log(str(path))
     assert parsed["train_inner"][0]["gnorm_enc_low_top"] == "0.5"
     assert parsed["valid"][0]["valid_nll_loss"] == "8.3"
     assert parsed["train"] == []
@@ -79,7 +83,7 @@ def test_report_shows_diverged_and_failed_cells(tmp_path):
     args = argparse.Namespace(schemes=["post_ln", "pre_ln", "resi_dual"], jobs=2, threads=1,
                               vocab_size=4000, out=str(tmp_path))
     data = dict(bleu_sentences=300, vocab=4003)
-    pivot = ds.write_report(args, data, results, wall_s=60.0)
+    pivot = depth_study.write_report(args, data, results, wall_s=60.0)
     rows = {line.split("|")[1].strip(): line for line in pivot.splitlines()[2:]}
     assert set(rows) == {"6", "24", "48"}
     assert "3.20 / 6.10" in rows["6"] and "3.50 / 6.00" in rows["6"]

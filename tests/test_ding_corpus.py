@@ -1,6 +1,6 @@
 """Tests for the shipped Ding German-English corpus and its build script.
 
-The builder is :mod:`fairseq_residual.tools.ding_corpus` (``scripts/build_ding_corpus.py`` runs it).
+The builder is :mod:`residual_studies.ding_corpus` (``scripts/build_ding_corpus.py`` runs it).
 All tests are offline and fast.
 """
 
@@ -14,12 +14,12 @@ from collections import Counter
 
 import pytest
 
-from fairseq_residual.tools import ding_corpus as bdc
+from residual_studies import ding_corpus as bdc
+from residual_studies.corpus import SPLITS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.path.join(ROOT, "data", "ding-de-en")
 README = os.path.join(ROOT, "data", "README.md")
-SPLITS = ("train", "valid", "test")
 
 
 # ---------------------------------------------------------------------------

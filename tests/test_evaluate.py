@@ -22,9 +22,9 @@ from bench_helpers import (
     SCRIPTS, TINY_TRAIN, TINY_TRANSLATION, generate_lines, multilingual_data_bin, run_script,
 )
 from conftest import cli_env
-from fairseq_residual.tools import bleu as score_bleu
-from fairseq_residual.tools import checkpoints as average_checkpoints
-from fairseq_residual.tools import results as collect_results
+from residual_studies import bleu as score_bleu
+from residual_studies import checkpoints as average_checkpoints
+from residual_studies import results as collect_results
 
 EVALUATE = SCRIPTS / "evaluate.sh"
 TRAIN = SCRIPTS / "train.sh"
@@ -54,6 +54,7 @@ def trained_run(tiny_data_bin, tmp_path_factory):
     return raw, data_bin, root / "iwslt14" / "resi_dual-2L-seed1"
 
 
+@pytest.mark.slow
 def test_evaluate_iwslt14_tokenized_bleu(trained_run):
     raw, data_bin, run_dir = trained_run
     run_script([EVALUATE, "--benchmark", "iwslt14", "--run-dir", run_dir, "--data", data_bin,
@@ -83,6 +84,7 @@ def test_evaluate_iwslt14_tokenized_bleu(trained_run):
     assert result["checkpoint"]["path"].endswith("checkpoint_last.pt")
 
 
+@pytest.mark.slow
 def test_evaluate_wmt14_with_checkpoint_averaging(trained_run, tmp_path):
     raw, data_bin, run_dir = trained_run
     out = tmp_path / "wmt.json"
@@ -107,6 +109,7 @@ def test_evaluate_wmt14_with_checkpoint_averaging(trained_run, tmp_path):
         assert metric["description"] and metric["signature"], name
 
 
+@pytest.mark.slow
 def test_evaluate_wmt14_newstest_average(trained_run, tmp_path):
     """--newstest-average on the tiny model: its test set stands in for every newstest year (splits
     named newstestYYYY as prepare-wmt14-en-de.sh --newstest-years writes them, 2014 = test). The
@@ -173,6 +176,7 @@ def test_evaluate_wmt14_newstest_average(trained_run, tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.slow
 def test_average_checkpoints_is_the_mean(trained_run, tmp_path):
     _, _, run_dir = trained_run
     paths = average_checkpoints.last_n_checkpoints(run_dir, 2, "epoch")
@@ -195,6 +199,7 @@ def test_average_checkpoints_is_the_mean(trained_run, tmp_path):
         average_checkpoints.last_n_checkpoints(run_dir, 9, "epoch")
 
 
+@pytest.mark.slow
 def test_evaluate_opus100_per_direction(tmp_path_factory, tmp_path):
     data_bin = multilingual_data_bin(tmp_path_factory)
     run_script([TRAIN, "--benchmark", "opus100", "--data", data_bin, "--save-root", tmp_path,

@@ -15,11 +15,12 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+
+from conftest import cli_env
 
 # ---------------------------------------------------------------------------------------------
 # fixtures
@@ -28,17 +29,15 @@ import pytest
 @pytest.fixture(scope="session")
 def repo_root():
     root = Path(__file__).resolve().parents[1]
-    assert (root / "fairseq_residual" / "tools" / "corpus.py").is_file()
+    assert (root / "scripts" / "residual_studies" / "corpus.py").is_file()
     return root
 
 
 @pytest.fixture(scope="session")
-def script_env(repo_root):
-    """Environment for the scripts: the project venv's bin first on PATH, offline."""
-    venv_bin = repo_root / ".venv" / "bin"
-    bin_dir = venv_bin if venv_bin.is_dir() else Path(sys.executable).parent
-    env = dict(os.environ)
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+def script_env():
+    """The suite's subprocess environment (:func:`conftest.cli_env`), offline, with the scripts' own choice
+    of Python (``python`` on PATH: the venv's)."""
+    env = cli_env()
     env["PREP_OFFLINE"] = "1"
     env.pop("PYTHON", None)
     if shutil.which("fairseq-preprocess", path=env["PATH"]) is None:
@@ -207,6 +206,7 @@ def iwslt_members(drop=()):
     return members, expected
 
 
+@pytest.mark.slow
 def test_iwslt14_end_to_end(tmp_path, run_script):
     members, expected = iwslt_members()
     make_tgz(tmp_path / "archives" / "de-en.tgz", members)
@@ -250,6 +250,7 @@ def test_iwslt14_end_to_end(tmp_path, run_script):
             assert idx_len(bin_dir / f"{split}.de-en.{lang}") == n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "not-gzip", "truncated", "missing-member"])
 def test_iwslt14_archive_errors(tmp_path, run_script, case):
     archives = tmp_path / "archives"
@@ -283,6 +284,7 @@ def test_iwslt14_archive_errors(tmp_path, run_script, case):
         assert "de-en/IWSLT14.TED.tst2012.de-en.en.xml" in log
 
 
+@pytest.mark.slow
 def test_help_and_bad_options(repo_root, script_env):
     for name in ("prepare-iwslt14.sh", "prepare-wmt14-en-de.sh", "prepare-opus100.sh"):
         script = repo_root / "scripts" / name
@@ -394,6 +396,7 @@ def wmt_archives(archives, skip=()):
             make_tgz(archives / name, members)
 
 
+@pytest.mark.slow
 def test_wmt14_end_to_end(tmp_path, run_script):
     wmt_archives(tmp_path / "archives")
     years = newstest_dir(tmp_path / "newstest")
@@ -455,6 +458,7 @@ def test_wmt14_end_to_end(tmp_path, run_script):
     assert d.string(data[1], "@@ ") == "Das Jahr 2016 endete ."
 
 
+@pytest.mark.slow
 def test_wmt14_newstest_year_missing(tmp_path, run_script):
     wmt_archives(tmp_path / "archives")
     newstest_dir(tmp_path / "newstest", skip={(2015, "de")})
@@ -480,6 +484,7 @@ def test_wmt14_newstest_year_missing(tmp_path, run_script):
     assert "--newstest-years takes years like 2010-2016" in log
 
 
+@pytest.mark.slow
 def test_wmt14_missing_archive(tmp_path, run_script):
     wmt_archives(tmp_path / "archives", skip=("training-parallel-commoncrawl.tgz",))
     log = run_script("prepare-wmt14-en-de.sh", "--archives", tmp_path / "archives",
@@ -488,6 +493,7 @@ def test_wmt14_missing_archive(tmp_path, run_script):
     assert "http://statmt.org/wmt13/training-parallel-commoncrawl.tgz" in log
 
 
+@pytest.mark.slow
 def test_wmt14_wrong_inner_layout(tmp_path, run_script):
     wmt_archives(tmp_path / "archives")
     # a test-full.tgz without the newstest2014 de-en SGM files (e.g. another year's archive)
@@ -530,6 +536,7 @@ def opus_archive(path, with_pairs=("de-en", "en-fr")):
     return members
 
 
+@pytest.mark.slow
 def test_opus100_end_to_end(tmp_path, run_script):
     members = opus_archive(tmp_path / "archives" / "opus-100-corpus-v1.0.tar.gz")
     out, bin_dir = tmp_path / "opus", tmp_path / "opus" / "data-bin"
@@ -582,6 +589,7 @@ def test_opus100_end_to_end(tmp_path, run_script):
         assert len(task.dataset(split)) == 4 * n  # en-de, de-en, en-fr, fr-en
 
 
+@pytest.mark.slow
 def test_opus100_pair_selection_and_errors(tmp_path, run_script):
     archives = tmp_path / "archives"
     opus_archive(archives / "opus-100-corpus-v1.0.tar.gz", with_pairs=("de-en", "en-fr", "an-en"))
@@ -615,12 +623,12 @@ def test_opus100_pair_selection_and_errors(tmp_path, run_script):
 
 
 # ---------------------------------------------------------------------------------------------
-# fairseq_residual.tools.corpus: the shared steps on their own
+# residual_studies.corpus: the shared steps on their own
 
 
 @pytest.fixture(scope="session")
 def prep_utils(repo_root):
-    from fairseq_residual.tools import corpus
+    from residual_studies import corpus
 
     return corpus
 

@@ -3,11 +3,14 @@ slurmd with 2 CPUs on loopback): a 2-task CPU training (gloo) submitted with sba
 a checkpoint that fairseq-generate translates with, and a second submission that resumes it."""
 import re
 
+import pytest
 import torch
 
 from bench_helpers import SCRIPTS, TINY_TRANSLATION, run_script
 from conftest import USER_DIR, run_cli
 from slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
+
+pytestmark = pytest.mark.slow
 
 TRAIN = SCRIPTS / "train.sh"
 

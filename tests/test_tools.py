@@ -1,5 +1,6 @@
-"""The tooling library ``fairseq_residual.tools``: not loaded by the plugin, and its shared parts (the
-one divergence rule, the one training-log parser, the one generate-output reader, the configs' values)."""
+"""The study tooling ``scripts/residual_studies``: not loaded by the plugin, and its shared parts (the one
+divergence rule, the one training-log parser, the one generate-output reader, the configs' values, the
+benchmark runs' names)."""
 import math
 import subprocess
 import sys
@@ -7,15 +8,13 @@ import sys
 import pytest
 
 from conftest import REPO
-from fairseq_residual.tools import commands, divergence, logs
+from residual_studies import commands, divergence, logs
 
-pytestmark = pytest.mark.model
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["fairseq_residual", "fairseq_residual.model"])
 def test_loading_the_plugin_does_not_import_the_tools(module):
     code = (f"import sys, {module}; loaded = sorted(m for m in sys.modules if m.startswith("
-            f"('fairseq_residual.tools', 'fairseq_residual.analyze', 'matplotlib'))); print(loaded)")
+            f"('residual_studies', 'fairseq_residual.analyze', 'matplotlib'))); print(loaded)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -72,6 +71,23 @@ def test_train_log_parser_reads_fairseq_train_and_hydra_logs(tmp_path):
                                                              "params": None}
 
 
+def test_parse_train_log_keeps_last_entry_of_resumed_updates(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(
+        "2026-01-01 | INFO | fairseq_cli.train | num. shared model params: 1,234 (num. trained: 1,234)\n"
+        '2026-01-01 | INFO | train_inner | {"epoch": 1, "loss": "9.5", "num_updates": "10"}\n'
+        '2026-01-01 | INFO | valid | {"epoch": 1, "valid_loss": "9.0", "valid_nll_loss": "8.8", '
+        '"valid_ppl": "445.7", "valid_num_updates": "10"}\n'
+        "# resumed\n"
+        '2026-01-01 | INFO | train_inner | {"epoch": 1, "loss": "9.4", "num_updates": "10"}\n'
+        '2026-01-01 | INFO | train_inner | {"epoch": 2, "loss": "8.1", "num_updates": "20"}\n',
+        encoding="utf-8")
+    c = logs.loss_curves(str(log))
+    assert c["params"] == 1234
+    assert c["train"] == [(10, 9.4), (20, 8.1)]
+    assert c["valid"] == [(10, 9.0, 8.8, 445.7)]
+
+
 def test_generate_reader(tmp_path):
     path = tmp_path / "generate-test.txt"
     path.write_text("S-1\tein Haus\nT-1\ta house\nH-1\t-0.5\ta ▁house\nD-1\t-0.5\ta house\nP-1\t-0.1 -0.2\n"
@@ -87,3 +103,10 @@ def test_generate_reader(tmp_path):
 ])
 def test_benchmark_config_values(name, tokens, precision, depth):
     assert commands.config_values(name) == dict(tokens_per_update=tokens, precision=precision, depth=depth)
+
+
+def test_benchmark_run_names_have_one_pattern():
+    name = commands.run_name("resi_dual", 12, 3)
+    assert name == "resi_dual-12L-seed3"  # what scripts/train.sh makes from the same pattern
+    assert commands.parse_run_name(name) == dict(scheme="resi_dual", layers=12, seed=3)
+    assert commands.parse_run_name("resi_dual-12L") is None and commands.parse_run_name("x-1L-seedy") is None

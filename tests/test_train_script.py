@@ -15,6 +15,8 @@ import torch
 from bench_helpers import SCRIPTS, TINY_TRANSLATION, run_script
 from conftest import cli_env
 
+pytestmark = pytest.mark.slow  # every test runs scripts/train.sh
+
 TRAIN = SCRIPTS / "train.sh"
 
 

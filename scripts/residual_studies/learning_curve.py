@@ -18,19 +18,18 @@ qualifies the metric is still moving at the end of the curve, and no plateau is 
 A checkpoint that fairseq does not write is a gap in the curve, not an error: fairseq names the save
 of an update that ends an epoch after the epoch and ``--no-epoch-checkpoints`` drops it.
 """
-import concurrent.futures
 import glob
 import os
 import re
 import time
 
-from . import depth_study
+from . import cell, grid
+from .claims import DEFAULT_UPDATES, cell_args
 from .files import read_json, write_json
 from .logs import number, read_train_log
-from .report import COLORS, LABELS, ORDER, fmt, markdown_table
+from .report import COLORS, LABELS, ORDER, _pyplot, fmt, markdown_table
 from .runner import ToolError, loadavg, logger
 
-DEFAULT_CURVE_EVERY = 250
 #: BLEU points: a plateau's tolerance, about the seed-to-seed spread of a cell's BLEU at this scale
 BLEU_TOL = 0.5
 #: chrF points: a plateau's tolerance for chrF
@@ -109,21 +108,20 @@ def plateau(updates, values, tol, higher_is_better=True):
     return first, best
 
 
-def curve_of_cell(args, demo, data, settings, run_dir):
+def curve_of_cell(args, data, settings, run_dir):
     """BLEU, chrF and valid nll at every checkpoint of one trained cell (translations cached in
     ``curve/<updates>/``). Returns ``[{updates, bleu, chrf, valid_nll}]``."""
     nll = {}
     for train_log in sorted(glob.glob(os.path.join(run_dir, "train-u*.log"))):
         nll.update(valid_nll_by_update(train_log))
-    final = os.path.join(depth_study.budget_dir(run_dir, settings["updates"]), "checkpoint.pt")
+    final = os.path.join(cell.budget_dir(run_dir, settings["updates"]), "checkpoint.pt")
     points = []
     for updates, path in checkpoints(run_dir, settings["updates"], final):
         out = os.path.join(run_dir, "curve", str(updates))
         cache = os.path.join(out, "scores.json")
         scores = read_json(cache)
         if scores is None:
-            scores = depth_study.translate_and_score(args, demo, data, settings, run_dir, checkpoint=path,
-                                                     out_dir=out)
+            scores = cell.translate_and_score(args, data, settings, run_dir, checkpoint=path, out_dir=out)
             if scores.get("bleu") is not None:
                 write_json(cache, scores)
         points.append(dict(updates=updates, bleu=scores.get("bleu"), chrf=scores.get("chrf"),
@@ -131,16 +129,18 @@ def curve_of_cell(args, demo, data, settings, run_dir):
     return points
 
 
-def run_scheme(args, demo, data, scheme, cell_args):
+def run_scheme(args, data, scheme):
+    """The learning curve of one scheme: its cell (the first condition and seed, a checkpoint every
+    ``--curve-every`` updates) trained, every checkpoint scored, and where each metric stops moving."""
     ns, depth = cell_args(args, args.conditions[0], args.seeds[0], scheme)
     ns.save_every = args.curve_every
-    result = depth_study.run_cell(ns, demo, data, scheme, depth, label=f"{scheme} learning curve")
+    result = cell.run(ns, data, scheme, depth, label=f"{scheme} learning curve")
     settings = result["settings"]
     run_dir = os.path.join(args.out, "cells", result["cell"])
     if result["status"] != "ok":
         log(f"{scheme}: {result['status']} ({result.get('reason')}); its curve stops where training did")
     t0 = time.time()
-    points = curve_of_cell(args, demo, data, settings, run_dir)
+    points = curve_of_cell(args, data, settings, run_dir)
     log(f"{scheme}: {len(points)} checkpoints scored ({time.time() - t0:.0f} s)")
     ups = [p["updates"] for p in points]
     bleu_at, bleu_best = plateau(ups, [p["bleu"] for p in points], BLEU_TOL)
@@ -207,8 +207,6 @@ def write_report(args, curves, budget, wall_s):
 def plot(curves, budget, path, s0):
     """BLEU, chrF and valid nll against updates, one line per scheme, each plateau a dotted line of the
     scheme's colour, and the claims study's default budget a grey band edge."""
-    from .report import _pyplot
-
     plt = _pyplot()
     panels = (("bleu", "sacreBLEU", "bleu"), ("chrf", "chrF", "chrf"), ("valid_nll", "valid nll (bits / token)",
                                                                          "valid_nll"))
@@ -234,12 +232,9 @@ def plot(curves, budget, path, s0):
     plt.close(fig)
 
 
-def main(args, demo, data, cell_args, budget):
-    """Run the learning curves of ``args.schemes`` (see the module docstring) and write the report.
-
-    Args:
-        cell_args: the claims study's ``cell_args(args, condition, seed) -> (namespace, depth)``.
-        budget: the claims study's default updates per cell, marked on the plot.
+def study(args):
+    """Run the learning curves of ``args.schemes`` (the parsed options of :func:`.claims.parse_args`; see
+    the module docstring) and write the report; returns the exit status.
 
     Raises:
         ToolError: ``--curve-every`` out of range.
@@ -247,24 +242,22 @@ def main(args, demo, data, cell_args, budget):
     if not 0 < args.curve_every <= args.updates:
         raise ToolError(f"--curve-every {args.curve_every} must be between 1 and --updates {args.updates}")
     t0 = time.time()
+    data = grid.start(args, log)
     schemes = [s for s in ORDER if s in args.schemes]
     log(f"{len(schemes)} learning curve(s): {','.join(schemes)}, {args.updates} updates, a checkpoint every "
         f"{args.curve_every}, {args.jobs} job(s)")
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(run_scheme, args, demo, data, s, cell_args) for s in schemes]
-        curves = [f.result() for f in futures]
-    return write_report(args, curves, budget, time.time() - t0)
+    curves = grid.run(lambda s: run_scheme(args, data, s), schemes, args.jobs)
+    text = write_report(args, curves, DEFAULT_UPDATES, time.time() - t0)
+    print("\n" + text)
+    log(f"wrote {os.path.join(args.out, 'learning_curve.md')}, learning_curve.json and learning_curve.png "
+        f"({(time.time() - t0) / 60:.1f} min)")
+    return 0
 
 
-def add_arguments(p):
-    """The learning-curve options of the claims study's parser."""
-    p.add_argument("--learning-curve", action="store_true",
-                   help="measure where BLEU stops moving instead of running the grid: one long run per scheme "
-                        "of --schemes (the first of --conditions and of --seeds) with a checkpoint every "
-                        "--curve-every updates, each translated and scored (learning_curve.md/json/png)")
-    p.add_argument("--curve-every", type=int, default=DEFAULT_CURVE_EVERY,
-                   help=f"with --learning-curve: updates between checkpoints (default {DEFAULT_CURVE_EVERY})")
+def main(args):
+    """:func:`study` with the user's errors and Ctrl-C handled (:func:`.grid.main`)."""
+    return grid.main(lambda: study(args), log)
 
 
-__all__ = ["BLEU_TOL", "CHRF_TOL", "NLL_TOL", "checkpoints", "main", "plateau", "running_mean", "valid_nll_by_update"]
-
+__all__ = ["BLEU_TOL", "CHRF_TOL", "NLL_TOL", "checkpoints", "main", "plateau", "running_mean", "study",
+           "valid_nll_by_update"]

@@ -1,8 +1,8 @@
-"""Corpus checks and preparation steps: the shared steps of scripts/prepare-{iwslt14,wmt14-en-de,opus100}.sh
-and the demo's check of the raw corpus.
+"""Corpus preparation steps: the shared steps of scripts/prepare-{iwslt14,wmt14-en-de,opus100}.sh, and the
+names of a parallel corpus' splits (:data:`SPLITS`, for every tool).
 
 Standard library only, and no import of the plugin: the shell scripts run this file directly
-(``python fairseq_residual/tools/corpus.py STEP ...``, a fraction of a second per step, where importing
+(``python scripts/residual_studies/corpus.py STEP ...``, a fraction of a second per step, where importing
 the package would load fairseq and torch each time).
 
 One sub-command per step, so that the three shell scripts only wire steps together:
@@ -29,7 +29,6 @@ and awk tools of the original recipes; "-" means stdin / stdout.
 
 import argparse
 import contextlib
-import hashlib
 import itertools
 import os
 import random
@@ -42,6 +41,7 @@ import urllib.request
 import zlib
 
 PROG = "corpus"
+#: the splits of every parallel corpus the tools read or write, in this order
 SPLITS = ("train", "valid", "test")
 
 
@@ -51,57 +51,6 @@ class PrepError(Exception):
 
 def info(msg):
     print(f"[{PROG}] {msg}", file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------------------------
-# the raw parallel corpus of the demo and the depth study
-
-
-def check_corpus(data_dir, src="de", tgt="en"):
-    """Validate the raw parallel corpus; return {file name: sha256} and the line counts.
-
-    Raises:
-        PrepError: naming the file (and line) that is missing, empty, not UTF-8, has an empty line,
-            or whose line count differs from its other side.
-    """
-    if not os.path.isdir(data_dir):
-        raise PrepError(f"corpus folder not found: {data_dir} (expected {SPLITS} x .{src}/.{tgt} "
-                        f"files, see data/README.md)")
-    digests, counts = {}, {}
-    for split in SPLITS:
-        for lang in (src, tgt):
-            path = os.path.join(data_dir, f"{split}.{lang}")
-            if not os.path.isfile(path):
-                shown = os.path.relpath(path)
-                shown = os.path.abspath(path) if shown.startswith("..") else shown
-                raise PrepError(f"missing data file: {path} (restore it, e.g. `git checkout -- "
-                                f"{shown}`, or see data/README.md to rebuild the corpus)")
-            with open(path, "rb") as f:
-                raw = f.read()
-            if not raw.strip():
-                raise PrepError(f"empty data file: {path}")
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                line = raw[: exc.start].count(b"\n") + 1
-                raise PrepError(f"data file is not valid UTF-8: {path} (line {line}, byte offset "
-                                f"{exc.start}: {raw[exc.start:exc.start + 4]!r})") from None
-            lines = text.split("\n")
-            if lines[-1] == "":
-                lines.pop()
-            for i, line in enumerate(lines, 1):
-                if not line.strip():
-                    raise PrepError(f"empty line {i} in data file: {path} (every line must hold "
-                                    f"one sentence)")
-            digests[f"{split}.{lang}"] = hashlib.sha256(raw).hexdigest()
-            counts[split, lang] = len(lines)
-        n_src, n_tgt = counts[split, src], counts[split, tgt]
-        if n_src != n_tgt:
-            raise PrepError(
-                f"line count mismatch: {os.path.join(data_dir, f'{split}.{src}')} has {n_src} lines but "
-                f"{os.path.join(data_dir, f'{split}.{tgt}')} has {n_tgt} (line i of one must translate "
-                f"line i of the other)")
-    return digests, {split: counts[split, src] for split in SPLITS}
 
 
 # --------------------------------------------------------------------------------------------

@@ -62,13 +62,14 @@ import unicodedata
 from collections import Counter
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from .corpus import SPLITS
+
 Pair = Tuple[str, str]
 
 #: Path of the dictionary file inside the Debian package.
 DING_MEMBER = "usr/share/trans/de-en"
 #: Default salt for the split hash; changing it gives a different split.
 DEFAULT_SEED = "ding-de-en-v1"
-SPLITS = ("train", "valid", "test")
 LANGS = ("de", "en")
 
 FIX_HINT = (

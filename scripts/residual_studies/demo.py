@@ -35,18 +35,16 @@ import datetime
 import math
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
-from . import PLUGIN_DIR, REPO
+from . import PLUGIN_DIR
 from .commands import generate_command
 from .commands import train_command as fairseq_train_command
-from . import corpus
-from .corpus import SPLITS
-from .files import file_id, fingerprint, read_json, read_lines, write_json, write_lines
+from .data import DEFAULT_CORPUS, SRC, TGT, check_corpus, decode, prepare
+from .files import file_id, read_json, read_lines, write_json
 from .logs import loss_curves as parse_train_log
 from .logs import read_generate
 from .report import LABELS as SCHEME_LABELS
@@ -56,10 +54,7 @@ from .runner import ToolError, git_commit, loadavg, logger, parallel, rel, tool
 from .runner import run as _run
 from .steps import Step
 
-USER_DIR = PLUGIN_DIR
-DEFAULT_DATA = os.path.join(REPO, "data", "ding-de-en")
 SCHEMES = ("post_ln", "pre_ln", "resi_dual")  # the demo's default; --schemes takes any registered scheme
-SRC, TGT = "de", "en"
 N_EXAMPLES = 5
 INTERACTIVE_SENTENCE = "Ich habe heute keine Zeit."
 
@@ -83,91 +78,16 @@ PRESETS = {
     ),
 }
 GEN = dict(beam=5, max_len_a=1.2, max_len_b=10, batch_size=128)
-COMPUTED = []  # steps this invocation computed (not reused), for the run history
+COMPUTED = []  # steps this invocation computed (not reused), for the run history; emptied by main()
 
 
 DemoError = ToolError
 log = logger("demo")
 
 
-def check_corpus(data_dir):
-    """:func:`corpus.check_corpus` of the demo's languages; its errors as :class:`DemoError`."""
-    try:
-        return corpus.check_corpus(data_dir, SRC, TGT)
-    except corpus.PrepError as exc:
-        raise DemoError(str(exc)) from None
-
-
 def run(cmd, **kwargs):
     """:func:`runner.run` logging as the demo."""
     return _run(cmd, log=log, **kwargs)
-
-
-# ------------------------------------------------------------------------------------------------
-# 2. sentencepiece + binarization
-
-
-def prepare_data(args, cfg, digests, counts):
-    data = os.path.join(args.out, "data")
-    settings = dict(corpus=digests, subset=args.subset, vocab_size=cfg["vocab_size"],
-                    spm_model_type="unigram", character_coverage=1.0)
-    step = Step(data, "data preparation", settings, overwrite=args.overwrite)
-    paths = dict(dir=data, raw=os.path.join(data, "raw"), spm_model=os.path.join(data, "spm.model"),
-                 bin=os.path.join(data, "bin"), fingerprint=fingerprint(settings))
-    if step.check():
-        log(f"data: reusing {rel(data)} (sentencepiece model and binarized data)")
-        return paths
-    t0 = time.time()
-    COMPUTED.append("data")
-    import sentencepiece as spm
-
-    # raw (sub)corpus
-    os.makedirs(paths["raw"], exist_ok=True)
-    for split in SPLITS:
-        for lang in (SRC, TGT):
-            lines = read_lines(os.path.join(args.data, f"{split}.{lang}"))
-            if args.subset:
-                lines = lines[: args.subset]
-            write_lines(os.path.join(paths["raw"], f"{split}.{lang}"), lines)
-    n = {s: min(counts[s], args.subset) if args.subset else counts[s] for s in SPLITS}
-    log(f"data: {n['train']} / {n['valid']} / {n['test']} train / valid / test pairs")
-
-    # joint sentencepiece model on train, both sides
-    prefix = os.path.join(data, "spm")
-    log(f"data: learning a joint sentencepiece model (unigram, vocabulary {cfg['vocab_size']}) "
-        f"on train.{SRC} + train.{TGT}")
-    spm.SentencePieceTrainer.train(
-        input=[os.path.join(paths["raw"], f"train.{lang}") for lang in (SRC, TGT)],
-        model_prefix=prefix, vocab_size=cfg["vocab_size"], model_type="unigram",
-        character_coverage=1.0, hard_vocab_limit=False, num_threads=2,
-        minloglevel=2, bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1)
-    sp = spm.SentencePieceProcessor(model_file=paths["spm_model"])
-
-    # encode every split
-    enc_dir = os.path.join(data, "spm")
-    os.makedirs(enc_dir, exist_ok=True)
-    for split in SPLITS:
-        for lang in (SRC, TGT):
-            lines = read_lines(os.path.join(paths["raw"], f"{split}.{lang}"))
-            pieces = sp.encode(lines, out_type=str)
-            write_lines(os.path.join(enc_dir, f"{split}.{lang}"), [" ".join(p) for p in pieces])
-
-    # fairseq dictionary = the sentencepiece vocabulary (minus the specials fairseq adds itself), so
-    # every piece sentencepiece can produce (also in fairseq-interactive) has an index
-    dict_path = os.path.join(data, "dict.txt")
-    specials = {"<unk>", "<s>", "</s>", "<pad>"}
-    write_lines(dict_path, [f"{sp.id_to_piece(i)} 1" for i in range(sp.get_piece_size())
-                            if sp.id_to_piece(i) not in specials])
-    if os.path.isdir(paths["bin"]):
-        shutil.rmtree(paths["bin"])
-    pre = lambda split: os.path.join(enc_dir, split)  # noqa: E731
-    run([tool("fairseq-preprocess"), "--source-lang", SRC, "--target-lang", TGT,
-         "--trainpref", pre("train"), "--validpref", pre("valid"), "--testpref", pre("test"),
-         "--destdir", paths["bin"], "--joined-dictionary", "--srcdict", dict_path,
-         "--workers", "2"], log_path=os.path.join(data, "preprocess.log"))
-    step.finish(dict(seconds=round(time.time() - t0, 1), pairs=n, vocab=sp.get_piece_size()))
-    log(f"data: done in {time.time() - t0:.0f} s -> {rel(paths['bin'])}")
-    return paths
 
 
 # ------------------------------------------------------------------------------------------------
@@ -257,10 +177,7 @@ def generate(args, scheme, data, run_dir, n_test):
     if sorted(hyps) != list(range(n_test)):
         raise DemoError(f"fairseq-generate translated {len(hyps)} of {n_test} test sentences "
                         f"(see {rel(os.path.join(run_dir, 'generate-test.txt'))})")
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=data["spm_model"])
-    write_lines(hyp_path, [sp.decode(hyps[i].split()) for i in range(n_test)])
+    decode(data["spm_model"], [hyps[i] for i in range(n_test)], hyp_path)
     info = dict(seconds=round(time.time() - t0, 1), cpu_s=round(cpu, 1))
     step.finish(info)
     return hyp_path, info
@@ -383,7 +300,7 @@ def build_parser():
     p.add_argument("--tiny", action="store_true", help="tiny model and vocabulary, for tests")
     p.add_argument("--schemes", default=",".join(SCHEMES),
                    help=f"comma-separated residual schemes to train (default: {','.join(SCHEMES)})")
-    p.add_argument("--data", default=DEFAULT_DATA, help="corpus folder with {train,valid,test}.{de,en} "
+    p.add_argument("--data", default=DEFAULT_CORPUS, help="corpus folder with {train,valid,test}.{de,en} "
                    "(default: data/ding-de-en)")
     p.add_argument("--out", default=None, help="output folder (default: demo_out, demo_out/long with --long)")
     p.add_argument("--subset", type=int, default=0, metavar="N",
@@ -402,8 +319,8 @@ def build_parser():
                    help="CPU threads of each fairseq process (OMP_NUM_THREADS, default 1)")
     p.add_argument("--gpu", action="store_true",
                    help="train and translate on the GPU (default: CPU, as the budget assumes)")
-    p.add_argument("--user-dir", default=USER_DIR,
-                   help="the fairseq_residual plugin folder (default: the one of this checkout)")
+    p.add_argument("--user-dir", default=PLUGIN_DIR,
+                   help="the fairseq_residual plugin folder (default: the one Python imports, %(default)s)")
     p.add_argument("--extra-train-args", default="", help="more fairseq-train options (one string)")
     return p
 
@@ -411,6 +328,7 @@ def build_parser():
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    COMPUTED.clear()
     t_start, load_start = time.time(), loadavg()
     start = datetime.datetime.now().isoformat(timespec="seconds")
     preset = "tiny" if args.tiny else "long" if args.long else "default"
@@ -441,7 +359,8 @@ def main(argv=None):
     log(f"output folder {rel(args.out)}; {os.cpu_count()} CPU cores, load average {loadavg()}")
 
     digests, counts = check_corpus(args.data)
-    data = prepare_data(args, cfg, digests, counts)
+    data = prepare(args.out, args.data, cfg["vocab_size"], digests, counts, subset=args.subset,
+                   overwrite=args.overwrite, log=log, computed=COMPUTED)
     n_test = min(counts["test"], args.subset) if args.subset else counts["test"]
     ref_path = os.path.join(data["raw"], f"test.{TGT}")
 

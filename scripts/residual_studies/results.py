@@ -7,7 +7,7 @@ residual scheme and one column per depth (N encoder + N decoder layers); a cell 
 standard deviation (n-1) of the metric over the seeds.
 
 Runs that diverged are kept, not dropped: a run counts as diverged by the project's one rule
-(:mod:`fairseq_residual.tools.divergence`): its training logs (``hydra_train.log``, ``train.log``,
+(:mod:`.divergence`): its training logs (``hydra_train.log``, ``train.log``,
 ``slurm-*.out``) show a NaN/inf loss, fairseq's ``Minimum loss scale reached`` (fp16), NaN/Inf
 gradients, a fatal ``exceeded`` error or ``NaN detected``, or training crashed (a Python traceback
 after the last ``done training``) and left no final checkpoint (``checkpoint_last.pt``). A cell then reads e.g. ``35.10 ± 0.12 (1/3 diverged)``, or
@@ -29,15 +29,15 @@ import argparse
 import json
 import math
 import os
-import re
 import statistics
 import sys
 
-from ..paper_results import FAIL, describe, paper_bleu
+from fairseq_residual.paper_results import FAIL, describe, paper_bleu
+
+from .commands import parse_run_name
 from .divergence import run_dir_divergence
 from .report import LABELS, ORDER
 
-RUN_DIR = re.compile(r"^(?P<scheme>[a-z0-9_]+)-(?P<layers>\d+)L-seed(?P<seed>\d+)$")
 SCHEME_ORDER = ORDER
 SCHEME_LABEL = LABELS
 
@@ -49,9 +49,8 @@ def read_run(run_dir, subset="test"):
         dict with scheme, layers, seed, run_dir, status ('ok', 'diverged', 'incomplete'),
         reason (diverged) and metrics ({name: {"score", "signature", "description"}}).
     """
-    m = RUN_DIR.match(os.path.basename(os.path.normpath(run_dir)))
-    run = {"scheme": m.group("scheme"), "layers": int(m.group("layers")),
-           "seed": int(m.group("seed")), "run_dir": run_dir, "metrics": {}, "reason": None}
+    run = dict(parse_run_name(os.path.basename(os.path.normpath(run_dir))), run_dir=run_dir, metrics={},
+               reason=None)
     reason = run_dir_divergence(run_dir)
     result = os.path.join(run_dir, "eval", f"{subset}.json")
     if os.path.exists(result):
@@ -84,7 +83,7 @@ def find_runs(roots, subset="test"):
         for parent in candidates:
             for name in sorted(os.listdir(parent)):
                 path = os.path.join(parent, name)
-                if os.path.isdir(path) and RUN_DIR.match(name):
+                if os.path.isdir(path) and parse_run_name(name):
                     bench = os.path.basename(os.path.normpath(parent))
                     runs = by_bench.setdefault(bench, [])
                     if any(os.path.basename(r["run_dir"]) == name for r in runs):

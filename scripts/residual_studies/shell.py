@@ -1,8 +1,11 @@
-"""The Python the shell scripts need, as sub-commands (``python -m fairseq_residual.tools.shell CMD``):
+"""The Python the shell scripts need, as sub-commands (``python -m residual_studies.shell CMD`` with
+``scripts/`` on the path; ``tools CMD`` in ``scripts/lib.sh``):
 
   scheme-names                 the registered residual schemes, space separated, in table order
   config-values NAME           tokens per update, default precision and depth of configs/NAME.yaml
-  train-defaults NAME          config-values NAME, then scheme-names, on one line (one start-up)
+  plugin-dir                   the folder of the fairseq_residual that Python imports (for --user-dir)
+  train-defaults NAME          four lines, one start-up: config-values NAME; the run directory name
+                               pattern ({scheme}-{layers}L-seed{seed}); plugin-dir; scheme-names
   count-sentences PREFIX...    sentences of each binarized split, one line each (empty when unknown)
   eval-meta BENCH RUN_DIR NAME CKPT AVERAGE_LOG SUBSET BEAM LENPEN MAX_LEN_A MAX_LEN_B DATA [NEWSTEST REFS]
                                the evaluation's metadata (JSON) for score_bleu.py --meta; AVERAGE_LOG:
@@ -12,13 +15,15 @@
   speed-summary OUT DTYPE...   the goals summary of the speed benchmark's bench_<dtype>.json files
 """
 import json
-import re
 import struct
 import sys
 
+from . import PLUGIN_DIR
+from .commands import RUN_NAME, parse_run_name
+
 
 def scheme_names():
-    from ..schemes import SCHEME_NAMES
+    from fairseq_residual.schemes import SCHEME_NAMES
 
     return " ".join(SCHEME_NAMES)
 
@@ -53,8 +58,7 @@ def eval_meta(bench, run_dir, name, ckpt, average_log, subset, beam, lenpen, a, 
     if newstest:
         newstest["references"] = refs
     averaged = averaged_checkpoints(average_log) if average_log else None
-    m = re.match(r"^([a-z0-9_]+)-(\d+)L-seed(\d+)$", name)
-    run = {"scheme": m.group(1), "layers": int(m.group(2)), "seed": int(m.group(3))} if m else None
+    run = parse_run_name(name)
     return json.dumps({
         "benchmark": bench, "run_dir": run_dir, "run": run, "data": data,
         "checkpoint": {"path": ckpt, "averaged": averaged},
@@ -75,9 +79,11 @@ def main(argv=None):
             print(config_values(args[0]))
         except (FileNotFoundError, KeyError, ValueError) as e:
             sys.exit(f"config-values: {e}")
+    elif cmd == "plugin-dir" and not args:
+        print(PLUGIN_DIR)
     elif cmd == "train-defaults" and len(args) == 1:
         try:
-            print(config_values(args[0]), scheme_names())
+            print(config_values(args[0]), RUN_NAME, PLUGIN_DIR, scheme_names(), sep="\n")
         except (FileNotFoundError, KeyError, ValueError) as e:
             sys.exit(f"train-defaults: {e}")
     elif cmd == "count-sentences" and args:
@@ -89,7 +95,7 @@ def main(argv=None):
     elif cmd == "eval-meta" and len(args) in (11, 13):
         print(eval_meta(*args))
     elif cmd == "speed-summary" and args:
-        from .speed import print_gpu_summary
+        from .speed_report import print_gpu_summary
 
         print_gpu_summary(args[0], args[1:])
     else:

@@ -1,15 +1,35 @@
-"""The one builder of the tools' ``fairseq-train`` and ``fairseq-generate`` commands, and the
-benchmark configs' values.
+"""The one builder of the tools' ``fairseq-train`` and ``fairseq-generate`` commands, the benchmark configs'
+values, and the names of the benchmark runs.
 
 :func:`train_command` writes the command line of a ``residual_transformer`` translation run from one
-settings mapping (the demo's presets, the depth study's cells), :func:`generate_command` the
-translation of a test split with one of its checkpoints; :func:`config_values` reads a
-benchmark's tokens per update, default precision and depth from its ``configs/*.yaml``, for
-``scripts/train.sh`` (``python -m fairseq_residual.tools.shell config-values NAME``).
+settings mapping (the demo's presets, the study cells), :func:`generate_command` the translation of a test
+split with one of its checkpoints; :func:`config_values` reads a benchmark's tokens per update, default
+precision and depth from its ``configs/*.yaml``, for ``scripts/train.sh`` (``python -m
+residual_studies.shell train-defaults NAME``); :data:`RUN_NAME` is the run directory of one benchmark run,
+which ``scripts/train.sh`` writes (it reads the pattern from ``train-defaults``) and :func:`parse_run_name`
+reads (the results tables, ``scripts/evaluate.sh``'s metadata).
 """
 import os
+import re
 
 from . import REPO
+
+#: a benchmark run's directory under ``SAVE_ROOT/<benchmark>/``, as a ``str.format`` pattern (``scheme``,
+#: ``layers`` per stack, ``seed``) and as the expression that reads it back
+RUN_NAME = "{scheme}-{layers}L-seed{seed}"
+RUN_NAME_RE = re.compile(r"^(?P<scheme>[a-z0-9_]+)-(?P<layers>\d+)L-seed(?P<seed>\d+)$")
+
+
+def run_name(scheme, layers, seed):
+    """The directory name of one benchmark run (:data:`RUN_NAME`)."""
+    return RUN_NAME.format(scheme=scheme, layers=layers, seed=seed)
+
+
+def parse_run_name(name):
+    """``{"scheme", "layers", "seed"}`` of a run directory's name (layers and seed as ints), or None when
+    ``name`` is not one."""
+    m = RUN_NAME_RE.match(name)
+    return dict(scheme=m.group("scheme"), layers=int(m.group("layers")), seed=int(m.group("seed"))) if m else None
 
 #: the settings :func:`train_command` needs (beyond the data, the output folder and the scheme)
 TRAIN_KEYS = ("layers", "embed_dim", "ffn_dim", "heads", "dropout", "attention_dropout",

@@ -2,13 +2,30 @@
 table and figure), number formats, Markdown tables, and the figures."""
 import math
 
-from ..schemes import SCHEME_NAMES, colors, labels
+from fairseq_residual.schemes import SCHEME_NAMES, colors, labels
 
 #: every registered scheme, in the order of the paper's tables
 ORDER = SCHEME_NAMES
 #: ``{scheme: label}`` and ``{scheme: matplotlib colour}``: the one palette of every figure
 LABELS = labels()
 COLORS = colors()
+#: colours for rows that are not schemes (ablations), in the order they are handed out; those a scheme
+#: has are skipped (:func:`unused_colors`)
+EXTRA_COLORS = ("tab:pink", "tab:gray", "gold", "navy", "teal", "magenta", "lime", "sienna", "black",
+                "tab:olive", "tab:cyan", "tab:purple", "tab:orange", "tab:brown")
+
+
+def unused_colors(n):
+    """``n`` colours that no registered scheme has, from :data:`EXTRA_COLORS`, so that a plot with every
+    scheme and extra rows never gives two rows one colour.
+
+    Raises:
+        ValueError: fewer than ``n`` colours are left.
+    """
+    free = [c for c in EXTRA_COLORS if c not in set(COLORS.values())]
+    if len(free) < n:
+        raise ValueError(f"{n} extra rows but only {len(free)} colours that no scheme has: add to EXTRA_COLORS")
+    return free[:n]
 
 
 def fmt(value, digits=2):

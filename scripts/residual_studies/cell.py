@@ -1,0 +1,280 @@
+"""One study cell: a ``residual_transformer`` trained with one recipe for a budget of updates, classified by
+the divergence rule, translated and scored, and grown to larger budgets.
+
+A cell is a mapping of settings (:func:`settings`: scheme, depth, width, FFN width, heads, updates, lr,
+warm-up, max tokens, dropout, clip-norm, seed, the data's fingerprint, beam, BLEU sentences and extra
+fairseq-train options). Its folder (:func:`folder`) is ``<out>/cells/<scheme>-L<depth>-w<width>-<hash>``,
+the hash covering every setting but the number of updates, so that a larger budget continues the same
+cell. Inside it::
+
+    train-u<updates>.log      fairseq-train's output, one file per training segment (a resumed segment
+                              keeps the killed part)
+    checkpoint_last.pt, ...   fairseq's checkpoints (the optimizer's state with them)
+    train_state.json          status, reason, last validation, updates reached, time, one entry per segment
+    settings.json             the settings but the updates
+    budgets/u<updates>/       result.json (written last), checkpoint.pt, generate-test.txt, hyp.test.en,
+                              and analysis/ (:func:`analyze`)
+
+:func:`run` is the whole life of a cell at one budget: a budget already measured returns its result; a
+larger one continues the run from ``checkpoint_last.pt`` (fairseq restores the model, Adam's moments, the
+learning-rate schedule and the position in the epoch, and seeds every update with seed + update number, so
+the continued run is the run that would have gone on); a smaller one than the cell was trained to is
+refused, since its state was not kept.
+"""
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import time
+
+from . import divergence
+from .commands import generate_command
+from .commands import train_command as fairseq_train_command
+from .data import SRC, TGT, decode, score
+from .files import read_json, write_json
+from .logs import number, read_generate, read_train_log
+from .runner import ToolError, loadavg, logger, run_logged, tool
+
+#: a cell's training saves its checkpoint every this many updates by default (``--checkpoint-every``; not
+#: a setting of the cell: it changes no number), so that a killed study loses at most that many updates of
+#: each running cell
+CHECKPOINT_EVERY = 250
+
+log = logger("cell")
+
+
+def settings(args, scheme, depth, data):
+    """The settings of one cell (their hash names its folder), from the study's options ``args``.
+    ``args.save_every`` (when set and non-zero) adds a checkpoint every that many updates, all kept, for
+    learning curves."""
+    s = dict(scheme=scheme, depth=depth, width=args.width, ffn_dim=args.ffn_dim or 2 * args.width,
+             heads=args.heads, updates=args.updates, lr=args.lr, warmup=args.warmup,
+             max_tokens=args.max_tokens, dropout=args.dropout, clip_norm=args.clip_norm,
+             seed=args.seed, data=data["fingerprint"], beam=args.beam,
+             bleu_sentences=data["bleu_sentences"], extra_train_args=args.extra_train_args)
+    if getattr(args, "save_every", 0):
+        s["save_every"] = args.save_every
+    return s
+
+
+def folder(out, s):
+    """The folder of the cell with settings ``s`` under the study folder ``out``: scheme, depth and width in
+    its name, then a hash of every setting except the number of updates."""
+    key = {k: v for k, v in s.items() if k != "updates"}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]
+    return os.path.join(out, "cells", f"{s['scheme']}-L{s['depth']}-w{s['width']}-{digest}")
+
+
+def budget_dir(run_dir, updates):
+    """Where a cell keeps what it measured after ``updates`` updates: ``result.json``, the checkpoint of
+    that budget (``checkpoint.pt``), its translations and diagnostics."""
+    return os.path.join(run_dir, "budgets", f"u{updates}")
+
+
+def result_path(out, s):
+    """The ``result.json`` of a cell at its budget (``s["updates"]``)."""
+    return os.path.join(budget_dir(folder(out, s), s["updates"]), "result.json")
+
+
+def budgets(run_dir):
+    """The budgets (update counts) at which the cell in ``run_dir`` has a result, as a set."""
+    found = set()
+    root = os.path.join(run_dir, "budgets")
+    for name in os.listdir(root) if os.path.isdir(root) else ():
+        if name.startswith("u") and name[1:].isdigit() and os.path.exists(os.path.join(root, name, "result.json")):
+            found.add(int(name[1:]))
+    return found
+
+
+def train_command(args, s, data_bin, run_dir):
+    """The cell's ``fairseq-train`` command (:func:`.commands.train_command` with the cell's recipe)."""
+    recipe = dict(layers=s["depth"], embed_dim=s["width"], ffn_dim=s["ffn_dim"], heads=s["heads"],
+                  dropout=s["dropout"], attention_dropout=0, activation_dropout=0, clip_norm=s["clip_norm"],
+                  lr=s["lr"], warmup_updates=s["warmup"], weight_decay=0.0001, label_smoothing=0.1,
+                  max_tokens=s["max_tokens"], max_update=s["updates"], seed=s["seed"],
+                  log_interval=args.log_interval)
+    return fairseq_train_command(
+        tool("fairseq-train"), data_bin, run_dir, s["scheme"], recipe, args.user_dir, SRC, TGT,
+        task="translation_with_grad_norms", task_args=("--log-grad-norm-interval", str(args.log_interval)),
+        device_args=getattr(args, "device_args", ("--cpu",)),
+        # checkpoints with the optimizer's state (so that a larger budget continues the run) every
+        # --checkpoint-every updates, only the newest kept (a killed run resumes from it and loses at most
+        # that many updates), and at the end; with save_every one every that many updates, all kept.
+        # fairseq validates at every mid-epoch save (the valid nll of the log's learning curve); the
+        # epoch-based intervals are out of reach. Saving and validating do not change the run: fairseq
+        # seeds every update with seed + update number, and the task fixes the batches (tasks.py).
+        save_args=("--save-interval", "100000", "--validate-interval", "100000")
+        + (("--save-interval-updates", str(s["save_every"]), "--keep-interval-updates", "-1")
+           if s.get("save_every") else
+           ("--save-interval-updates", str(getattr(args, "checkpoint_every", CHECKPOINT_EVERY)),
+            "--keep-interval-updates", "1")),
+        extra=shlex.split(s["extra_train_args"]))
+
+
+def parse_log(path):
+    """fairseq's ``--log-format json`` lines: lists of dicts for train_inner, train and valid."""
+    records = read_train_log(path)
+    return {kind: records[kind] for kind in ("train_inner", "train", "valid")}
+
+
+def classify(rc, log_text, stats, vocab):
+    """``(status, reason)``: ok / diverged / failed, by the project's rule (:mod:`.divergence`)."""
+    return divergence.classify(rc, log_text, stats.get("valid_nll_loss"), vocab)
+
+
+def train_segment(args, s, data, run_dir, state, name):
+    """Train a cell from where ``state`` left it (None: from scratch) to ``s["updates"]``; the segment's log
+    is ``train-u<updates>.log``. Returns the new state: status, reason, the last validation's statistics,
+    wall and CPU seconds summed over the segments, and one entry per segment (its command)."""
+    updates = s["updates"]
+    start = state["updates"] if state else 0
+    log(f"{name}: training {'from scratch' if not start else f'on from {start} updates'} to {updates} updates "
+        f"(load average {loadavg()})")
+    t0 = time.time()
+    cmd = train_command(args, s, data["bin"], run_dir)
+    log_path = os.path.join(run_dir, f"train-u{updates}.log")
+    rc, cpu = run_logged(cmd, log_path, args.threads, append=True)  # a resumed segment keeps the killed part
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    parsed = parse_log(log_path)
+    valid = parsed["valid"][-1] if parsed["valid"] else {}
+    inner = parsed["train_inner"]
+    last_gn = next((r for r in reversed(inner) if "gnorm_enc_low_top" in r), {})
+    prev = (state or {}).get("stats", {})
+    stats = {
+        "valid_loss": number(valid.get("valid_loss")),
+        "valid_nll_loss": number(valid.get("valid_nll_loss")),
+        "valid_ppl": number(valid.get("valid_ppl")),
+        "updates_done": int(number(inner[-1].get("num_updates")) or 0) if inner else prev.get("updates_done", 0),
+        "first_train_loss": prev.get("first_train_loss") if start else (number(inner[0].get("loss")) if inner else None),
+        "last_train_loss": number(inner[-1].get("loss")) if inner else None,
+        "last_gnorm": number(inner[-1].get("gnorm")) if inner else None,
+        "grad_norm_low_top_enc": number(last_gn.get("gnorm_enc_low_top")),
+        "grad_norm_low_top_dec": number(last_gn.get("gnorm_dec_low_top")),
+    }
+    status, reason = classify(rc, text, stats, data["vocab"])
+    train_s = round(time.time() - t0, 1)
+    command = " ".join(shlex.quote(c) for c in cmd)
+    segments = list((state or {}).get("segments", [])) + [
+        dict(start=start, updates=updates, status=status, train_s=train_s, train_cpu_s=cpu, command=command,
+             log=os.path.basename(log_path))]
+    log(f"{name}: {status}{' (' + reason + ')' if reason else ''}, valid nll {stats['valid_nll_loss']}, "
+        f"{train_s:.0f} s")
+    return dict(status=status, reason=reason, exit_status=rc, stats=stats, updates=updates if status == "ok" else start,
+                train_s=round(sum(g["train_s"] for g in segments), 1),
+                train_cpu_s=round(sum(g["train_cpu_s"] or 0 for g in segments), 1), load_end=loadavg(),
+                command=command, segments=segments)
+
+
+def translate_and_score(args, data, s, run_dir, checkpoint=None, out_dir=None):
+    """Translate the BLEU subset with ``checkpoint`` (default the cell's ``checkpoint_last.pt``), writing
+    into ``out_dir`` (default the cell's folder), and score it: sacreBLEU and chrF of the detokenized
+    hypotheses against the raw references. Returns the scores (``bleu`` None when generation failed)."""
+    ckpt = checkpoint or os.path.join(run_dir, "checkpoint_last.pt")
+    out_dir = out_dir or run_dir
+    os.makedirs(out_dir, exist_ok=True)
+    cmd = generate_command(tool("fairseq-generate"), data["bleu_bin"], ckpt, out_dir, args.user_dir, SRC, TGT,
+                           beam=s["beam"], device_args=getattr(args, "device_args", ("--cpu",)))
+    t0 = time.time()
+    rc, cpu = run_logged(cmd, os.path.join(out_dir, "generate.log"), args.threads)
+    if rc != 0:
+        return {"bleu": None, "bleu_error": f"fairseq-generate exit status {rc} (see generate.log)"}
+    hyps = read_generate(os.path.join(out_dir, "generate-test.txt"))["hyps"]
+    hyp_path = os.path.join(out_dir, f"hyp.test.{TGT}")
+    decode(data["spm_model"], [hyps.get(i, "") for i in range(data["bleu_sentences"])], hyp_path)
+    scores = score(hyp_path, data["bleu_ref"])
+    scores["translate_s"] = round(time.time() - t0, 1)
+    scores["translate_cpu_s"] = cpu
+    scores["translated"] = len(hyps)
+    return scores
+
+
+def run(args, data, scheme, depth, label=None):
+    """Train, classify, translate and score one cell at its budget of ``args.updates`` updates; ``label``
+    names it in progress lines (default ``<scheme> L=<depth>``). Returns the result dict (also in the
+    budget's ``result.json``).
+
+    A cell is trained once: a later call with a larger budget continues it from its last checkpoint, a
+    call with a budget it already reached returns that budget's result. A cell that diverged or failed is
+    not trained further: larger budgets report the same outcome.
+
+    Raises:
+        ToolError: the cell was trained past ``args.updates`` without measuring that budget.
+    """
+    s = settings(args, scheme, depth, data)
+    updates = s["updates"]
+    name = label or f"{scheme} L={depth}"
+    run_dir = folder(args.out, s)
+    bdir = budget_dir(run_dir, updates)
+    result_file = os.path.join(bdir, "result.json")
+    done = read_json(result_file)
+    if done is not None:
+        log(f"{name}: finished earlier ({done['status']}), skipped")
+        return done
+    os.makedirs(bdir, exist_ok=True)
+    write_json(os.path.join(run_dir, "settings.json"), {k: v for k, v in s.items() if k != "updates"})
+    state_file = os.path.join(run_dir, "train_state.json")
+    state = read_json(state_file)
+    ckpt = os.path.join(bdir, "checkpoint.pt")
+    if state is not None and state["updates"] > updates and state["status"] == "ok":
+        raise ToolError(f"{name}: this cell ({_short(run_dir)}) was trained to {state['updates']} updates "
+                        f"already, past the {updates} asked for, and its state at {updates} updates was not "
+                        f"kept; ask for --updates {state['updates']} or more, or use another --out")
+    if state is None or (state["status"] == "ok" and state["updates"] < updates):
+        state = train_segment(args, s, data, run_dir, state, name)
+        write_json(state_file, state)
+        if state["status"] == "ok":
+            _atomic_copy(os.path.join(run_dir, "checkpoint_last.pt"), ckpt)
+    result = dict({k: v for k, v in state.items() if k != "segments"}, settings=s,
+                  cell=os.path.basename(run_dir), budget=updates)
+    if state["status"] != "ok" and state["updates"] < updates:
+        result["reason"] = f"{state['reason']} (before {state['updates']} updates; not trained further)"
+    result["scores"] = None
+    last = os.path.join(run_dir, "checkpoint_last.pt")
+    use = ckpt if os.path.exists(ckpt) else (last if state["status"] == "diverged" and os.path.exists(last) else None)
+    if use is not None:
+        result["scores"] = translate_and_score(args, data, s, run_dir, checkpoint=use, out_dir=bdir)
+        log(f"{name}: BLEU {result['scores'].get('bleu')} "
+            f"({result['scores'].get('translate_s', 0):.0f} s to translate)")
+    write_json(result_file, result)
+    return result
+
+
+def analyze(args, data, bdir):
+    """``fairseq-residual-analyze`` on the checkpoint of a cell's budget (cached in ``analysis/`` of the
+    budget's folder): the per-layer gradient ratio (layer 1 / top) and the cosine of the last two layer
+    outputs, per stack; None without a checkpoint or when the tool fails."""
+    out = os.path.join(bdir, "analysis")
+    path = os.path.join(out, "analysis.json")
+    report = read_json(path)
+    ckpt = os.path.join(bdir, "checkpoint.pt")
+    if report is None and os.path.exists(ckpt):
+        cmd = [tool("fairseq-residual-analyze"), data["bin"], "--checkpoint", ckpt, "--subset", "valid",
+               "--batches", str(args.analyze_batches), "--max-tokens", "2048", "--no-plots",
+               "--output-dir", out, "--device", args.device]
+        rc, _ = run_logged(cmd, os.path.join(bdir, "analyze.log"), args.threads)
+        report = read_json(path) if rc == 0 else None
+    if not report:
+        return None
+    model = report["models"][0]
+    cos = model["cosine_consecutive"]
+    return dict(grad_low_top_enc=model["grad_norm_low_top"]["encoder"],
+                grad_low_top_dec=model["grad_norm_low_top"]["decoder"],
+                cos_top_enc=cos["encoder"][-1] if cos["encoder"] else None,
+                cos_top_dec=cos["decoder"][-1] if cos["decoder"] else None)
+
+
+def _short(run_dir):
+    return os.path.join(os.path.basename(os.path.dirname(run_dir)), os.path.basename(run_dir))
+
+
+def _atomic_copy(src, dst):
+    """Copy ``src`` to ``dst`` through a temporary file in ``dst``'s folder (a kill leaves no half file)."""
+    tmp = f"{dst}.tmp{os.getpid()}"
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+__all__ = ["CHECKPOINT_EVERY", "analyze", "budget_dir", "budgets", "classify", "folder", "parse_log",
+           "result_path", "run", "settings", "train_command", "train_segment", "translate_and_score"]

@@ -1,0 +1,342 @@
+"""The claims of the ResiDual paper that the claims study tests, the grid that tests them, and its options.
+
+The paper (Xie et al. 2023, arXiv 2304.14802) reports, on IWSLT14 De-En, one run per cell (its numbers:
+``fairseq_residual/paper_results.json``, read by :func:`claims`):
+
+* **warm-up** (its no-warm-up ablation): without learning-rate warm-up Post-LN fails, Pre-LN loses about
+  3 BLEU and ResiDual is unaffected;
+* **depth**: at 12+12 layers Post-LN fails while ResiDual beats Pre-LN.
+
+Rows of the grid: the schemes of ``--schemes`` (default :data:`CLAIM_SCHEMES`, the three the claims name;
+``all``: every registered scheme, so schemes added later are picked up without edits), plus the ablation
+rows of ``--ablations`` (:data:`ABLATIONS`). Conditions (``--conditions``): ``warm6`` (6+6 layers,
+inverse_sqrt warm-up of ``--warmup`` updates), ``nowarm6`` (6+6 without warm-up: ``--warmup-updates 1``,
+the peak learning rate from the second update on; fairseq's inverse_sqrt cannot take 0), ``warm12`` and
+``nowarm12`` (12+12). Each (row, condition, seed) is one :mod:`.cell` (:func:`cell_args`).
+
+Verdicts (:func:`.stats.verdict`): each claim is a paired difference per seed (same seed, same batches, two
+conditions or two schemes). With n seeds, the claim **holds** when the 95% t-interval of the mean
+difference lies wholly on the claimed side of zero, **does not hold** when it lies wholly on the other
+side, and is **inconclusive** otherwise. "Fails" means the project's divergence rule (:mod:`.divergence`)
+flagged the run, in at least half of the seeds.
+"""
+import argparse
+import os
+import sys
+
+from fairseq_residual import paper_results
+
+from . import REPO, cell, grid
+from .files import read_json
+from .report import COLORS, LABELS, ORDER, unused_colors
+from .stats import verdict
+
+DEFAULT_OUT = os.path.join(REPO, "runs", "claims_study")
+
+#: condition name -> (layers per stack, warm-up on)
+CONDITIONS = {
+    "warm6": (6, True),
+    "nowarm6": (6, False),
+    "warm12": (12, True),
+    "nowarm12": (12, False),
+}
+NO_WARMUP_UPDATES = 1  # fairseq's inverse_sqrt divides by warmup_updates: 1 is "no warm-up"
+#: the schemes of the grid when ``--schemes`` is not given: the three the paper's claims name
+CLAIM_SCHEMES = ("post_ln", "pre_ln", "resi_dual")
+#: ablations the grid can add as rows of their own (``--ablations``): name -> the scheme it changes,
+#: the model options that make it, a label, what it tests and why; each gets a colour no scheme has
+#: (:func:`row_color`)
+ABLATIONS = {
+    "zeros": dict(
+        scheme="resi_dual", args="--resi-dual-start-from zeros", label="ResiDual, x_d from 0",
+        what="starting the dual stream from zeros instead of the embedding output",
+        why="with shared embeddings, LN(x_d) of an embedding-dominated x_d adds a copy of the input token's "
+            "embedding to the decoder output, i.e. a copy-the-previous-token term in the logits early in "
+            "training (the authors' code has the zeros line commented out)"),
+    "alpha_half": dict(
+        scheme="resi_dual", args="--encoder-resi-dual-alpha 0.5 --decoder-resi-dual-alpha 0.5",
+        label="ResiDual, alpha 0.5",
+        what="weighting the Post-LN stream by alpha = 0.5 in the stack output",
+        why="the output alpha*x_a + LN(x_d) has about twice the variance of Pre-LN's LN(x) at alpha = 1"),
+}
+_ABLATION_COLORS = dict(zip(ABLATIONS, unused_colors(len(ABLATIONS))))
+# The default recipe, chosen from measured learning curves (docs/analysis.md, "The claims study", shows
+# the curves and the arithmetic). lr 2e-3 is the largest peak learning rate probed (1e-3, 2e-3, 4e-3) at
+# which Post-LN, Pre-LN and ResiDual all learn with warm-up: at 4e-3 Post-LN stalls near the unigram loss.
+# BLEU on this corpus at width 64 still rises at 4000 updates, so the budget is not where BLEU stops
+# moving: 1000 updates is what lets 3 schemes x 3 conditions x 3 seeds finish within 90 minutes on 2 cores
+# (0.28 s per 6+6 update and 0.47 s per 12+12 update at one thread, two runs side by side, plus
+# translating 500 sentences per cell). A larger --updates continues every cell; --learning-curve measures.
+DEFAULT_UPDATES = 1000
+DEFAULT_MAX_TOKENS = 2048
+DEFAULT_WARMUP = 300
+DEFAULT_LR = 2e-3
+DEFAULT_BLEU_SENTENCES = 500
+#: with --learning-curve: updates between the scored checkpoints
+DEFAULT_CURVE_EVERY = 250
+
+# ------------------------------------------------------------------------------------------------
+# rows: the registered schemes and the ablations
+
+
+def row_key(name):
+    """The row of an ablation: ``<scheme>+<ablation>``."""
+    return f"{ABLATIONS[name]['scheme']}+{name}"
+
+
+def resolve(row):
+    """``(scheme, extra fairseq-train options)`` of a row (a scheme name or an ablation's row key)."""
+    if "+" in row:
+        a = ABLATIONS[row.split("+", 1)[1]]
+        return a["scheme"], a["args"]
+    return row, ""
+
+
+def row_label(row):
+    return ABLATIONS[row.split("+", 1)[1]]["label"] if "+" in row else LABELS[row]
+
+
+def row_color(row):
+    """A row's colour: the scheme's own (the registry's palette), or for an ablation one no scheme uses, so
+    that every row of a plot has a colour of its own."""
+    return _ABLATION_COLORS[row.split("+", 1)[1]] if "+" in row else COLORS[row]
+
+
+def grid_rows(args):
+    """The grid's rows: the schemes in the registry's order, then the ablations asked for."""
+    return [s for s in ORDER if s in args.schemes] + [row_key(a) for a in args.ablations]
+
+
+# ------------------------------------------------------------------------------------------------
+# cells
+
+
+def cell_args(args, condition, seed, row=None):
+    """The options of one cell of this grid, for :func:`.cell.settings`, and its depth (``row``: a scheme or
+    an ablation's row, whose model options are added to ``--extra-train-args``)."""
+    depth, warm = CONDITIONS[condition]
+    ns = argparse.Namespace(**vars(args))
+    ns.warmup = args.warmup if warm else NO_WARMUP_UPDATES
+    ns.seed = seed
+    ns.depths = [depth]
+    if row is not None:
+        extra = resolve(row)[1]
+        ns.extra_train_args = " ".join(a for a in (args.extra_train_args, extra) if a)
+    return ns, depth
+
+
+def read_cell(args, data, row, condition, seed, updates=None):
+    """The result of one finished cell at ``updates`` (default ``--updates``), or None."""
+    ns, depth = cell_args(args, condition, seed, row)
+    if updates is not None:
+        ns.updates = updates
+    r = read_json(cell.result_path(args.out, cell.settings(ns, resolve(row)[0], depth, data)))
+    return dict(r, scheme=row, condition=condition, seed=seed) if r else None
+
+
+def budgets_of_grid(args, data, cells):
+    """The budgets (update counts) at which every cell of the grid has a result, increasing."""
+    common = None
+    for row, cond, seed in cells:
+        ns, depth = cell_args(args, cond, seed, row)
+        found = cell.budgets(cell.folder(args.out, cell.settings(ns, resolve(row)[0], depth, data)))
+        common = found if common is None else common & found
+    return sorted(common or ())
+
+
+def cell_metrics(r):
+    """The numbers of one finished cell (None where the cell has none)."""
+    scores = r.get("scores") or {}
+    diag = r.get("diagnostics") or {}
+    ok = r["status"] == "ok"
+    return dict(
+        diverged=r["status"] == "diverged",
+        failed=r["status"] == "failed",
+        valid_nll=r["stats"].get("valid_nll_loss") if ok else None,
+        bleu=scores.get("bleu") if ok else None,
+        chrf=scores.get("chrf") if ok else None,
+        grad_enc=diag.get("grad_low_top_enc"), grad_dec=diag.get("grad_low_top_dec"),
+        cos_enc=diag.get("cos_top_enc"), cos_dec=diag.get("cos_top_dec"),
+        train_cpu_s=r.get("train_cpu_s"), updates=r["settings"]["updates"],
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# claims
+
+
+def _paired(by, a, b, metric):
+    """Per seed: metric(a) - metric(b), where a and b are (scheme, condition); a diverged run counts as
+    missing (its loss and BLEU are not comparable)."""
+    seeds = sorted({k[2] for k in by})
+    out = []
+    for s in seeds:
+        ra, rb = by.get((*a, s)), by.get((*b, s))
+        if ra is None or rb is None:
+            continue
+        va, vb = cell_metrics(ra)[metric], cell_metrics(rb)[metric]
+        out.append(None if va is None or vb is None else va - vb)
+    return out
+
+
+def _fails(by, scheme, condition):
+    runs = [r for k, r in by.items() if k[0] == scheme and k[1] == condition]
+    n_div = sum(cell_metrics(r)["diverged"] for r in runs)
+    return n_div, len(runs)
+
+
+def _paper(scheme, depth, warmup=True):
+    """The paper's IWSLT14 BLEU of ``scheme`` at ``depth`` + ``depth`` layers (``paper_results.json``)."""
+    return paper_results.paper_bleu("iwslt14", scheme, depth, warmup=warmup)
+
+
+def _paper_pair(a, b, sep):
+    """``"<a> <sep> <b> BLEU"`` of two of the paper's numbers, ``-`` when it lacks either."""
+    return f"{a} {sep} {b} BLEU" if a is not None and b is not None else "-"
+
+
+def _paper_loss(scheme, depth):
+    """The paper's BLEU lost without warm-up (with minus without), or None."""
+    w, n = _paper(scheme, depth), _paper(scheme, depth, warmup=False)
+    return w - n if isinstance(w, float) and isinstance(n, float) else None
+
+
+def claims(by, conditions):
+    """Each claim of the paper that this grid can test: its statement, the measured effect, the verdict,
+    and the paper's numbers behind the claim (from ``paper_results.json``; ``-`` where it has none)."""
+    out = []
+    have = lambda s, c: any(k[0] == s and k[1] == c for k in by)  # noqa: E731
+    for depth in (6, 12):
+        warm, nowarm = f"warm{depth}", f"nowarm{depth}"
+        if warm not in conditions or nowarm not in conditions:
+            continue
+        if have("post_ln", nowarm):
+            n_div, n = _fails(by, "post_ln", nowarm)
+            out.append(dict(claim=f"without warm-up, Post-LN fails ({depth}+{depth})",
+                            paper=str(_paper("post_ln", depth, warmup=False) or "-"),
+                            measured=f"{n_div}/{n} seeds diverged",
+                            verdict="holds" if n and 2 * n_div >= n else "does not hold"))
+        for scheme, sign in (("pre_ln", -1), ("resi_dual", None)):
+            if not (have(scheme, warm) and have(scheme, nowarm)):
+                continue
+            paper_txt = _paper_pair(_paper(scheme, depth), _paper(scheme, depth, warmup=False), "->")
+            for metric, better in (("valid_nll", -1), ("bleu", +1)):
+                d = _paired(by, (scheme, nowarm), (scheme, warm), metric)
+                if sign is not None:  # Pre-LN loses: worse without warm-up
+                    v = verdict(d, claimed_sign=sign * better)
+                    text = f"without warm-up, {LABELS[scheme]} is worse ({metric}, {depth}+{depth})"
+                else:  # ResiDual unaffected: a clear loss either way refutes it
+                    v = verdict(d, claimed_sign=-better)
+                    v["verdict"] = {"holds": "does not hold", "does not hold": "holds (it improves)",
+                                    "inconclusive": "no effect resolved"}[v["verdict"]]
+                    text = f"without warm-up, {LABELS[scheme]} is unaffected ({metric}, {depth}+{depth})"
+                out.append(dict(claim=text, paper=paper_txt, effect=v, metric=metric))
+        if have("resi_dual", nowarm) and have("pre_ln", nowarm):
+            lost = _paper_loss("resi_dual", depth), _paper_loss("pre_ln", depth)
+            paper_txt = _paper_pair(*(None if x is None else f"{x:.2f}" for x in lost), "vs")
+            for metric, better in (("valid_nll", -1), ("bleu", +1)):
+                d_res = _paired(by, ("resi_dual", nowarm), ("resi_dual", warm), metric)
+                d_pre = _paired(by, ("pre_ln", nowarm), ("pre_ln", warm), metric)
+                diff = [None if a is None or b is None else a - b for a, b in zip(d_res, d_pre)]
+                out.append(dict(claim=f"without warm-up, ResiDual loses less than Pre-LN ({metric}, "
+                                f"{depth}+{depth})", paper=paper_txt,
+                                effect=verdict(diff, claimed_sign=better), metric=metric))
+    for name, a in ABLATIONS.items():
+        row = row_key(name)
+        for cond in conditions:
+            if not (have(row, cond) and have(a["scheme"], cond)):
+                continue
+            for metric, better in (("valid_nll", -1), ("bleu", +1)):
+                d = _paired(by, (row, cond), (a["scheme"], cond), metric)
+                out.append(dict(claim=f"ablation: {a['what']} improves {LABELS[a['scheme']]} ({metric}, {cond})",
+                                paper="-", effect=verdict(d, claimed_sign=better), metric=metric, ablation=name))
+            if have("pre_ln", cond):
+                d = _paired(by, (row, cond), ("pre_ln", cond), "valid_nll")
+                out.append(dict(claim=f"ablation: {a['label']} beats Pre-LN (valid_nll, {cond})", paper="-",
+                                effect=verdict(d, claimed_sign=-1), metric="valid_nll", ablation=name))
+    if "warm12" in conditions:
+        if have("post_ln", "warm12"):
+            n_div, n = _fails(by, "post_ln", "warm12")
+            out.append(dict(claim="at 12+12 layers, Post-LN fails", paper=str(_paper("post_ln", 12) or "-"),
+                            measured=f"{n_div}/{n} seeds diverged",
+                            verdict="holds" if n and 2 * n_div >= n else "does not hold"))
+        if have("resi_dual", "warm12") and have("pre_ln", "warm12"):
+            for metric, better in (("valid_nll", -1), ("bleu", +1)):
+                d = _paired(by, ("resi_dual", "warm12"), ("pre_ln", "warm12"), metric)
+                out.append(dict(claim=f"at 12+12 layers, ResiDual beats Pre-LN ({metric})",
+                                paper=_paper_pair(_paper("resi_dual", 12), _paper("pre_ln", 12), "vs"),
+                                effect=verdict(d, claimed_sign=better),
+                                metric=metric))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# command line
+
+
+def build_parser():
+    """The claims study's options (the grid's and the learning curves')."""
+    p = argparse.ArgumentParser(
+        prog="claims_study.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The ResiDual paper's warm-up and depth claims tested in training: schemes x conditions x "
+                    "seeds on the shipped Ding de->en corpus, mean and standard deviation per cell, one verdict "
+                    "per claim. Finished cells are skipped when run again; a larger --updates continues every "
+                    "cell from its last checkpoint. --learning-curve measures where BLEU stops moving, the "
+                    "measurement the default budget comes from.",
+        epilog="Cost: see docs/analysis.md (claims study) for the learning curves, the measured CPU-seconds per "
+               "update and the arithmetic of the default grid. GPU: --device cuda --width 256 --jobs 8 runs the "
+               "cells side by side on one GPU.")
+    p.add_argument("--conditions", type=_condition_list, default=["warm6", "nowarm6", "warm12"],
+                   help=f"conditions to run, from {', '.join(CONDITIONS)} (default warm6,nowarm6,warm12)")
+    p.add_argument("--seeds", type=grid.int_list, default=[1, 2, 3],
+                   help="seeds per cell (default 1,2,3; at least 3 for a verdict worth reading)")
+    p.add_argument("--ablations", type=_ablation_list, default=[],
+                   help="ablation rows to add, comma-separated, from " + "; ".join(
+                       f"{k}: {a['what']} ({a['args']})" for k, a in ABLATIONS.items()) + " (default none)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (default; one thread per run) or cuda (every run on one GPU, side by side)")
+    p.add_argument("--analyze-batches", type=int, default=2,
+                   help="valid batches for the end-of-training diagnostics (default 2)")
+    p.add_argument("--learning-curve", action="store_true",
+                   help="measure where BLEU stops moving instead of running the grid: one long run per scheme "
+                        "of --schemes (the first of --conditions and of --seeds) with a checkpoint every "
+                        "--curve-every updates, each translated and scored (learning_curve.md/json/png)")
+    p.add_argument("--curve-every", type=int, default=DEFAULT_CURVE_EVERY,
+                   help=f"with --learning-curve: updates between checkpoints (default {DEFAULT_CURVE_EVERY})")
+    grid.add_cell_arguments(
+        p, out=DEFAULT_OUT, updates=DEFAULT_UPDATES, max_tokens=DEFAULT_MAX_TOKENS, warmup=DEFAULT_WARMUP,
+        bleu_sentences=DEFAULT_BLEU_SENTENCES, lr=DEFAULT_LR, schemes=CLAIM_SCHEMES,
+        schemes_help="comma-separated residual schemes, or all for every registered one (default "
+                     f"{','.join(CLAIM_SCHEMES)}, the schemes the claims name)")
+    return p
+
+
+def _ablation_list(text):
+    items = [t for t in text.split(",") if t]
+    bad = [t for t in items if t not in ABLATIONS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown ablation(s) {','.join(bad)}: choose from {', '.join(ABLATIONS)}")
+    return items
+
+
+def _condition_list(text):
+    items = [t for t in text.split(",") if t]
+    bad = [t for t in items if t not in CONDITIONS]
+    if bad or not items:
+        raise argparse.ArgumentTypeError(f"unknown condition(s) {','.join(bad) or text!r}: choose from "
+                                         f"{', '.join(CONDITIONS)}")
+    return items
+
+
+def parse_args(argv=None):
+    """The parsed options, with ``argv`` (the command line as given, for the reports) and ``device_args``
+    (fairseq's device options) added."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    args.device_args = () if args.device == "cuda" else ("--cpu",)
+    return args
+
+
+__all__ = ["ABLATIONS", "CLAIM_SCHEMES", "CONDITIONS", "build_parser", "cell_args", "cell_metrics", "claims",
+           "grid_rows", "parse_args", "read_cell", "resolve", "row_color", "row_key", "row_label"]

@@ -1,0 +1,49 @@
+"""Statistics of the studies: mean and sample standard deviation over seeds, and the verdict on a paired
+difference from its 95% Student-t interval."""
+import math
+import statistics
+
+#: two-sided 95% Student-t quantiles by degrees of freedom (1.96 beyond 9)
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def mean_sd(values):
+    """``(mean, sample standard deviation, n)`` of the non-None values (sd None when n < 2)."""
+    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return None, None, 0
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None), len(vals)
+
+
+def verdict(diffs, claimed_sign):
+    """Verdict on a paired difference.
+
+    Args:
+        diffs: one difference per seed (None entries are dropped).
+        claimed_sign: +1 if the claim says the difference is positive, -1 if negative.
+
+    Returns:
+        dict with ``mean``, ``sd``, ``n``, ``ci`` (half-width of the 95% t-interval) and ``verdict``:
+        ``holds`` (the interval lies wholly on the claimed side of zero) / ``does not hold`` (wholly on the
+        other side) / ``inconclusive`` (it spans zero, or fewer than 2 differences).
+    """
+    mean, sd, n = mean_sd(diffs)
+    if n < 2 or sd is None:
+        return dict(mean=mean, sd=sd, n=n, ci=None, verdict="inconclusive")
+    half = T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+    lo, hi = mean - half, mean + half
+    if claimed_sign * lo > 0 and claimed_sign * hi > 0:
+        word = "holds"
+    elif claimed_sign * lo < 0 and claimed_sign * hi < 0:
+        word = "does not hold"
+    else:
+        word = "inconclusive"
+    return dict(mean=mean, sd=sd, n=n, ci=half, verdict=word)
+
+
+def ms_text(values, digits=2):
+    """``mean ± sd`` of the values with ``digits`` decimals (the mean alone for one value, ``-`` for none)."""
+    m, sd, _ = mean_sd(values)
+    if m is None:
+        return "-"
+    return f"{m:.{digits}f} ± {sd:.{digits}f}" if sd is not None else f"{m:.{digits}f}"
