@@ -90,6 +90,12 @@ quote_arg() {  # one argument, single-quoted when the shell would otherwise chan
     fi
 }
 
+hydra_value() {  # one value of a Hydra override, single-quoted: Hydra's grammar reads , = ( ) [ ] { } ' and
+    # spaces in an unquoted value as syntax; inside quotes only the quote itself is escaped (\')
+    local q="\\'"
+    printf "'%s'" "${1//\'/$q}"
+}
+
 quote_cmd() {  # shell-quoted command line; args starting with @RAW@ are printed as they are
     local a out=()
     for a in "$@"; do
@@ -243,6 +249,16 @@ abspath() { [[ "$1" == /* ]] && echo "$1" || echo "$PWD/$1"; }
 DATA="$(abspath "$DATA")"
 SAVE_ROOT="$(abspath "$SAVE_ROOT")"
 USER_DIR="$(abspath "$USER_DIR")"
+# Hydra's quoted values take any character but these two: a backslash before a quote is an escape, and ${...}
+# is an interpolation even inside quotes; fairseq reads a ':' in the data path as a list of data shards
+for pair in "--data:$DATA" "--save-root:$SAVE_ROOT" "FAIRSEQ_RESIDUAL_USER_DIR:$USER_DIR"; do
+    opt="${pair%%:*}" path="${pair#*:}"
+    [[ "$path" != *\\* && "$path" != *'$'* ]] \
+        || die "$opt $path: a path with a backslash or '\$' cannot be passed to fairseq-hydra-train (Hydra reads" \
+               "them as an escape or an interpolation); use a path without them (a symbolic link will do)"
+done
+[[ "$DATA" != *:* ]] || die "--data $DATA: fairseq reads ':' in a data path as a list of data shards; use a" \
+                            "path without ':' (a symbolic link will do)"
 if [[ $DRY_RUN == 0 ]]; then
     [[ -d "$DATA" ]] || die "--data $DATA is not a directory"
     [[ -f "$USER_DIR/__init__.py" ]] || die "plugin not found at $USER_DIR (set FAIRSEQ_RESIDUAL_USER_DIR)"
@@ -291,7 +307,7 @@ restore_override() {  # restore_override RUN_DIR: prints checkpoint.restore_file
     for f in $(ls -t "$run_dir"/checkpoint[0-9]*.pt "$run_dir"/checkpoint_[0-9]*_[0-9]*.pt 2>/dev/null); do
         if is_complete_checkpoint "$f"; then
             warn "$last is incomplete (the run was killed while writing it): resuming from $f"
-            echo "checkpoint.restore_file=$f"
+            echo "checkpoint.restore_file=$(hydra_value "$f")"
             return 0
         fi
     done
@@ -302,12 +318,12 @@ restore_override() {  # restore_override RUN_DIR: prints checkpoint.restore_file
 build_command() {  # build_command SCHEME LAYERS SEED RUN_DIR -> CMD array
     local scheme=$1 layers=$2 seed=$3 run_dir=$4
     local ov=(
-        "common.user_dir=$USER_DIR"
-        "task.data=$DATA"
-        "checkpoint.save_dir=$run_dir"
-        "hydra.run.dir=$run_dir"
+        "common.user_dir=$(hydra_value "$USER_DIR")"
+        "task.data=$(hydra_value "$DATA")"
+        "checkpoint.save_dir=$(hydra_value "$run_dir")"
+        "hydra.run.dir=$(hydra_value "$run_dir")"
         "common.seed=$seed"
-        "common.tensorboard_logdir=$run_dir/tensorboard"
+        "common.tensorboard_logdir=$(hydra_value "$run_dir/tensorboard")"
         "model.residual_scheme=$scheme"
         "model.encoder_layers=$layers"
         "model.decoder_layers=$layers"

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from bench_helpers import SCRIPTS, TINY_TRANSLATION, run_script
 from conftest import cli_env
@@ -37,9 +38,14 @@ def commands(out):
 
 
 def override(cmd, key):
-    values = [a.split("=", 1)[1] for a in cmd if a.startswith(key + "=")]
-    assert len(values) <= 1, (key, values)
-    return values[0] if values else None
+    """The value of Hydra override ``key`` in ``cmd``, as Hydra reads it (a quoted value unquoted), else as
+    written."""
+    found = [a for a in cmd if a.startswith(key + "=")]
+    assert len(found) <= 1, (key, found)
+    if not found:
+        return None
+    written = found[0].split("=", 1)[1]
+    return OverridesParser.create().parse_override(found[0]).value() if written.startswith("'") else written
 
 
 @pytest.mark.parametrize(
@@ -251,3 +257,41 @@ def test_truncated_checkpoint_last_falls_back_to_newest_complete_one(tmp_path):
         f.unlink()
     proc = run_script([TRAIN, *args, "--dry-run"], check=False)
     assert proc.returncode == 2 and "move it away" in proc.stdout
+
+
+HYDRA_SYNTAX = ("'", ",", "(", "=")
+
+
+@pytest.mark.parametrize("char", HYDRA_SYNTAX)
+def test_paths_with_hydra_syntax_reach_hydra_whole(char, tmp_path):
+    """A quote, comma, parenthesis or '=' in --data or --save-root: every path override parses, with Hydra's
+    own parser, to the path itself."""
+    data, root = tmp_path / f"da{char}ta", tmp_path / f"ru{char}ns"
+    data.mkdir()
+    (cmd,) = commands(run_script([TRAIN, "--benchmark", "iwslt14", "--data", data, "--save-root", root,
+                                  "--dry-run"]).stdout)
+    overrides = cmd[cmd.index("--config-name") + 2:]
+    parsed = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(overrides)}
+    run_dir = str(root / "iwslt14" / "resi_dual-6L-seed1")
+    assert parsed["task.data"] == str(data)
+    assert parsed["checkpoint.save_dir"] == parsed["hydra.run.dir"] == run_dir
+    assert parsed["common.tensorboard_logdir"] == run_dir + "/tensorboard"
+
+
+def test_a_run_in_a_folder_named_with_hydra_syntax_trains(tiny_data_bin, tmp_path):
+    _, data_bin = tiny_data_bin
+    root = tmp_path / "a'b,c(d=e"
+    run_script(_tiny_run_args(data_bin, root, "optimization.max_update=2"), timeout=300)
+    state = load_checkpoint(root / "iwslt14" / "resi_dual-2L-seed3" / "checkpoint_last.pt")
+    assert state["optimizer_history"][-1]["num_updates"] == 2
+    assert state["cfg"]["checkpoint"]["save_dir"] == str(root / "iwslt14" / "resi_dual-2L-seed3")
+
+
+@pytest.mark.parametrize("data, message", [
+    ("/tmp/a$b", "backslash or '$'"), ("/tmp/a\\b", "backslash or '$'"), ("/tmp/a:b", "data shards"),
+])
+def test_paths_hydra_or_fairseq_cannot_take_are_refused_before_anything_is_made(data, message, tmp_path):
+    proc = run_script([TRAIN, "--benchmark", "iwslt14", "--data", data, "--save-root", tmp_path / "runs"], check=False)
+    assert proc.returncode == 2 and message in proc.stdout and data in proc.stdout
+    assert not (tmp_path / "runs").exists()
+
