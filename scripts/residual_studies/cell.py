@@ -20,6 +20,10 @@ larger one continues the run from ``checkpoint_last.pt`` (fairseq restores the m
 learning-rate schedule and the position in the epoch, and seeds every update with seed + update number, so
 the continued run is the run that would have gone on); a smaller one than the cell was trained to is
 refused, since its state was not kept.
+
+The study's options set the cells' settings; :func:`check_extra_args` refuses extra fairseq-train options
+that would set them again (the cell would be filed, hashed and reported as one scheme, depth, seed or recipe
+and trained as another).
 """
 import hashlib
 import json
@@ -42,6 +46,50 @@ from .runner import ToolError, loadavg, logger, run_logged, tool
 CHECKPOINT_EVERY = 250
 
 log = logger("cell")
+
+#: the fairseq-train options the cell's command sets, and the cell setting each one decides (None: the
+#: cell's bookkeeping, not a setting); ``--extra-train-args`` may not set them (:func:`check_extra_args`)
+CELL_OPTIONS = {
+    "--residual-scheme": "scheme", "--arch": "scheme",
+    "--encoder-layers": "depth", "--decoder-layers": "depth",
+    "--encoder-layers-to-keep": "depth", "--decoder-layers-to-keep": "depth",
+    "--encoder-embed-dim": "width", "--decoder-embed-dim": "width",
+    "--encoder-ffn-embed-dim": "ffn_dim", "--decoder-ffn-embed-dim": "ffn_dim",
+    "--encoder-attention-heads": "heads", "--decoder-attention-heads": "heads",
+    "--seed": "seed", "--lr": "lr",
+    "--warmup-updates": "warmup", "--lr-scheduler": "warmup", "--warmup-init-lr": "warmup",
+    "--max-tokens": "max_tokens", "--batch-size": "max_tokens", "--update-freq": "max_tokens",
+    "--max-update": "updates", "--max-epoch": "updates",
+    "--dropout": "dropout", "--clip-norm": "clip_norm",
+    "--save-dir": "out", "--user-dir": "user_dir", "--cpu": "device",
+    "--task": None, "--source-lang": None, "--target-lang": None, "--restore-file": None,
+    "--log-format": None, "--log-interval": "log_interval",
+}
+
+
+def check_extra_args(extra, study_options):
+    """Refuse extra fairseq-train options that set what the study sets for every cell.
+
+    Args:
+        extra: the ``--extra-train-args`` string.
+        study_options: ``{cell setting: the study's option that sets it}`` (a setting without one is fixed
+            by the study).
+
+    Raises:
+        ToolError: naming the first such option and the study's option to use instead.
+    """
+    for token in shlex.split(extra or ""):
+        option = token.split("=", 1)[0].replace("_", "-") if token.startswith("--") else None
+        if option not in CELL_OPTIONS:
+            continue
+        setting = CELL_OPTIONS[option]
+        instead = study_options.get(setting)
+        what = (f"use {instead} instead" if instead else
+                "the study fixes it for every cell (its recipe is part of the cell's identity); it has no option "
+                "to change it")
+        raise ToolError(f"--extra-train-args sets {option}, which the study sets itself for every cell (the cell's "
+                        f"folder, settings and report would name one value and fairseq would train with another): "
+                        f"{what}")
 
 
 def settings(args, scheme, depth, data):
@@ -276,5 +324,5 @@ def _atomic_copy(src, dst):
     os.replace(tmp, dst)
 
 
-__all__ = ["CHECKPOINT_EVERY", "analyze", "budget_dir", "budgets", "classify", "folder", "parse_log",
+__all__ = ["CELL_OPTIONS", "CHECKPOINT_EVERY", "analyze", "budget_dir", "budgets", "check_extra_args", "classify", "folder", "parse_log",
            "result_path", "run", "settings", "train_command", "train_segment", "translate_and_score"]

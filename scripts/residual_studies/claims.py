@@ -26,12 +26,18 @@ import sys
 
 from fairseq_residual import paper_results
 
-from . import REPO, cell, grid
+from . import REPO, cell, grid, options
 from .files import read_json
 from .report import COLORS, LABELS, ORDER, unused_colors
 from .stats import verdict
 
 DEFAULT_OUT = os.path.join(REPO, "runs", "claims_study")
+#: the claims study's option behind each setting of a cell (:func:`.cell.check_extra_args`)
+STUDY_OPTIONS = dict(scheme="--schemes (or --ablations)", depth="--conditions", width="--width",
+                     ffn_dim="--ffn-dim", heads="--heads", seed="--seeds", lr="--lr",
+                     warmup="--warmup (or --conditions nowarm6 / nowarm12 for none)", max_tokens="--max-tokens",
+                     updates="--updates", dropout="--dropout", clip_norm="--clip-norm", out="--out",
+                     user_dir="--user-dir", device="--device", log_interval="--log-interval")
 
 #: condition name -> (layers per stack, warm-up on)
 CONDITIONS = {
@@ -286,46 +292,30 @@ def build_parser():
         epilog="Cost: see docs/analysis.md (claims study) for the learning curves, the measured CPU-seconds per "
                "update and the arithmetic of the default grid. GPU: --device cuda --width 256 --jobs 8 runs the "
                "cells side by side on one GPU.")
-    p.add_argument("--conditions", type=_condition_list, default=["warm6", "nowarm6", "warm12"],
+    p.add_argument("--conditions", type=options.name_list(list(CONDITIONS), "condition"),
+                   default=["warm6", "nowarm6", "warm12"],
                    help=f"conditions to run, from {', '.join(CONDITIONS)} (default warm6,nowarm6,warm12)")
     p.add_argument("--seeds", type=grid.int_list, default=[1, 2, 3],
                    help="seeds per cell (default 1,2,3; at least 3 for a verdict worth reading)")
-    p.add_argument("--ablations", type=_ablation_list, default=[],
+    p.add_argument("--ablations", type=options.name_list(list(ABLATIONS), "ablation", empty=True), default=[],
                    help="ablation rows to add, comma-separated, from " + "; ".join(
                        f"{k}: {a['what']} ({a['args']})" for k, a in ABLATIONS.items()) + " (default none)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu (default; one thread per run) or cuda (every run on one GPU, side by side)")
-    p.add_argument("--analyze-batches", type=int, default=2,
+    p.add_argument("--analyze-batches", type=options.positive_int, default=2,
                    help="valid batches for the end-of-training diagnostics (default 2)")
     p.add_argument("--learning-curve", action="store_true",
                    help="measure where BLEU stops moving instead of running the grid: one long run per scheme "
                         "of --schemes (the first of --conditions and of --seeds) with a checkpoint every "
                         "--curve-every updates, each translated and scored (learning_curve.md/json/png)")
-    p.add_argument("--curve-every", type=int, default=DEFAULT_CURVE_EVERY,
+    p.add_argument("--curve-every", type=options.positive_int, default=DEFAULT_CURVE_EVERY,
                    help=f"with --learning-curve: updates between checkpoints (default {DEFAULT_CURVE_EVERY})")
     grid.add_cell_arguments(
-        p, out=DEFAULT_OUT, updates=DEFAULT_UPDATES, max_tokens=DEFAULT_MAX_TOKENS, warmup=DEFAULT_WARMUP,
+        p, out=DEFAULT_OUT, study_options=STUDY_OPTIONS, updates=DEFAULT_UPDATES, max_tokens=DEFAULT_MAX_TOKENS, warmup=DEFAULT_WARMUP,
         bleu_sentences=DEFAULT_BLEU_SENTENCES, lr=DEFAULT_LR, schemes=CLAIM_SCHEMES,
         schemes_help="comma-separated residual schemes, or all for every registered one (default "
                      f"{','.join(CLAIM_SCHEMES)}, the schemes the claims name)")
     return p
-
-
-def _ablation_list(text):
-    items = [t for t in text.split(",") if t]
-    bad = [t for t in items if t not in ABLATIONS]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown ablation(s) {','.join(bad)}: choose from {', '.join(ABLATIONS)}")
-    return items
-
-
-def _condition_list(text):
-    items = [t for t in text.split(",") if t]
-    bad = [t for t in items if t not in CONDITIONS]
-    if bad or not items:
-        raise argparse.ArgumentTypeError(f"unknown condition(s) {','.join(bad) or text!r}: choose from "
-                                         f"{', '.join(CONDITIONS)}")
-    return items
 
 
 def parse_args(argv=None):

@@ -30,6 +30,14 @@ from .steps import Step
 SRC, TGT = "de", "en"
 #: the shipped Ding German-English corpus (data/README.md)
 DEFAULT_CORPUS = os.path.join(REPO, "data", "ding-de-en")
+#: the smallest sentencepiece vocabulary the preparation takes: its unknown piece and a few real ones
+MIN_VOCAB = 8
+#: what a study says when its folder holds a preparation with other settings (studies redo nothing finished)
+STUDY_HINT = ("A study folder holds one preparation: use another --out folder, or the settings it was "
+              "prepared with ({options}); or delete {folder} to prepare it again")
+#: the studies' options behind the preparation's settings
+STUDY_SETTING_OPTIONS = {"vocab_size": "--vocab-size {old}", "corpus": "--data of that corpus",
+                         "subset": "the whole corpus"}
 
 
 def check_corpus(data_dir, src=SRC, tgt=TGT):
@@ -82,7 +90,7 @@ def check_corpus(data_dir, src=SRC, tgt=TGT):
     return digests, {split: counts[split, src] for split in SPLITS}
 
 
-def prepare(out, corpus, vocab_size, digests, counts, subset=0, overwrite=False, log=say, computed=None):
+def prepare(out, corpus, vocab_size, digests, counts, subset=0, overwrite=False, hint=None, log=say, computed=None):
     """Sentencepiece model and binarized corpus in ``out/data`` (reused when finished with the same
     settings).
 
@@ -91,6 +99,7 @@ def prepare(out, corpus, vocab_size, digests, counts, subset=0, overwrite=False,
             ``counts``).
         subset: use only the first N pairs of each split (0: all).
         overwrite: redo a preparation finished with other settings (default: stop with an error).
+        hint: what that error tells the user to do (:class:`.steps.Step`; default: the demo's options).
         computed: a list that gets ``"data"`` when the step runs (the demo's run history).
 
     Returns:
@@ -100,7 +109,7 @@ def prepare(out, corpus, vocab_size, digests, counts, subset=0, overwrite=False,
     data = os.path.join(out, "data")
     settings = dict(corpus=digests, subset=subset, vocab_size=vocab_size,
                     spm_model_type="unigram", character_coverage=1.0)
-    step = Step(data, "data preparation", settings, overwrite=overwrite)
+    step = Step(data, "data preparation", settings, overwrite=overwrite, hint=hint)
     paths = dict(dir=data, raw=os.path.join(data, "raw"), spm_model=os.path.join(data, "spm.model"),
                  bin=os.path.join(data, "bin"), fingerprint=fingerprint(settings))
     if step.check():
@@ -197,8 +206,14 @@ def bleu_subset(paths, counts, sentences):
 def prepare_study(out, corpus, vocab_size, bleu_sentences, log=say):
     """:func:`check_corpus`, :func:`prepare` (whole corpus) and :func:`bleu_subset`: a study's data."""
     digests, counts = check_corpus(corpus)
-    paths = prepare(out, corpus, vocab_size, digests, counts, log=log)
+    paths = prepare(out, corpus, vocab_size, digests, counts, hint=_study_hint, log=log)
     return bleu_subset(paths, counts, bleu_sentences)
+
+
+def _study_hint(folder, diff):
+    """:data:`STUDY_HINT` for a study's data step whose settings ``diff`` (``{key: (old, new)}``) changed."""
+    named = [STUDY_SETTING_OPTIONS[k].format(old=old) for k, (old, _) in diff.items() if k in STUDY_SETTING_OPTIONS]
+    return STUDY_HINT.format(options=", ".join(named) or "see above", folder=rel(folder))
 
 
 def decode(spm_model, pieces, path):

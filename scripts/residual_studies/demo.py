@@ -43,19 +43,26 @@ import time
 from . import PLUGIN_DIR
 from .commands import generate_command
 from .commands import train_command as fairseq_train_command
-from .data import DEFAULT_CORPUS, SRC, TGT, check_corpus, decode, prepare
+from .cell import check_extra_args
+from .data import DEFAULT_CORPUS, MIN_VOCAB, SRC, TGT, check_corpus, decode, prepare
 from .files import file_id, read_json, read_lines, write_json
 from .logs import loss_curves as parse_train_log
 from .logs import read_generate
 from .report import LABELS as SCHEME_LABELS
 from .report import ORDER as SCHEME_NAMES
 from .report import plot_loss_curves as plot
-from .runner import ToolError, git_commit, loadavg, logger, parallel, rel, tool
+from .options import at_least, fraction, name_list, nonnegative_int, positive_float, positive_int
+from .runner import ToolError, git_commit, loadavg, logger, parallel, rel, require_cuda, tool
 from .runner import run as _run
 from .steps import Step
 
 SCHEMES = ("post_ln", "pre_ln", "resi_dual")  # the demo's default; --schemes takes any registered scheme
 N_EXAMPLES = 5
+#: the demo's option behind each setting of a run (:func:`.cell.check_extra_args`; clip-norm is fixed at 0)
+DEMO_OPTIONS = dict(scheme="--schemes", depth="--layers", width="--embed-dim", ffn_dim="--ffn-dim", heads="--heads",
+                    seed="--seed", lr="--lr", warmup="--warmup-updates", max_tokens="--max-tokens",
+                    updates="--max-update", dropout="--dropout", out="--out", user_dir="--user-dir", device="--gpu",
+                    log_interval="--log-interval")
 INTERACTIVE_SENTENCE = "Ich habe heute keine Zeit."
 
 # Model / training presets. Every value can be overridden on the command line. The default preset
@@ -291,9 +298,9 @@ def write_reports(args, cfg, results, examples, interactive, out):
 def build_parser():
     p = argparse.ArgumentParser(
         prog="run_demo.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="German->English demo: train Post-LN, Pre-LN and ResiDual residual_transformer "
-                    "models on the Ding corpus (CPU), translate the test split and score them "
-                    "(sacreBLEU, chrF). Finished steps are reused when run again.",
+        description="German->English demo: train residual_transformer models of the schemes of --schemes "
+                    "(default Post-LN, Pre-LN and ResiDual) on the Ding corpus (CPU), translate the test split "
+                    "and score them (sacreBLEU, chrF). Finished steps are reused when run again.",
         epilog="Presets (the options above override their values):\n" + "\n".join(
             f"  {name:8s} " + ", ".join(f"{k}={v}" for k, v in p.items()) for name, p in PRESETS.items()))
     p.add_argument("--long", action="store_true", help="longer, better run (4x the default updates)")
@@ -303,19 +310,20 @@ def build_parser():
     p.add_argument("--data", default=DEFAULT_CORPUS, help="corpus folder with {train,valid,test}.{de,en} "
                    "(default: data/ding-de-en)")
     p.add_argument("--out", default=None, help="output folder (default: demo_out, demo_out/long with --long)")
-    p.add_argument("--subset", type=int, default=0, metavar="N",
+    p.add_argument("--subset", type=nonnegative_int, default=0, metavar="N",
                    help="use only the first N sentence pairs of each split (0: all)")
-    p.add_argument("--seed", type=int, default=1, help="fairseq-train --seed, the same for every scheme")
+    p.add_argument("--seed", type=nonnegative_int, default=1, help="fairseq-train --seed, the same for every scheme")
     p.add_argument("--overwrite", action="store_true",
                    help="redo finished steps whose settings changed (default: stop with an error)")
-    for key, typ in (("vocab_size", int), ("layers", int), ("embed_dim", int), ("ffn_dim", int),
-                     ("heads", int), ("dropout", float), ("max_tokens", int), ("lr", float),
-                     ("warmup_updates", int), ("max_update", int), ("log_interval", int)):
+    for key, typ in (("vocab_size", at_least(MIN_VOCAB)), ("layers", positive_int), ("embed_dim", positive_int),
+                     ("ffn_dim", positive_int), ("heads", positive_int), ("dropout", fraction),
+                     ("max_tokens", positive_int), ("lr", positive_float), ("warmup_updates", positive_int),
+                     ("max_update", positive_int), ("log_interval", positive_int)):
         p.add_argument("--" + key.replace("_", "-"), type=typ, default=None, dest=key,
                        help="override the preset's " + key)
-    p.add_argument("--jobs", type=int, default=0,
+    p.add_argument("--jobs", type=nonnegative_int, default=0,
                    help="schemes trained (and translated) at the same time (default: all)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=nonnegative_int, default=1,
                    help="CPU threads of each fairseq process (OMP_NUM_THREADS, default 1)")
     p.add_argument("--gpu", action="store_true",
                    help="train and translate on the GPU (default: CPU, as the budget assumes)")
@@ -336,11 +344,14 @@ def main(argv=None):
     for key in cfg:
         if getattr(args, key, None) is not None:
             cfg[key] = getattr(args, key)
+    check_extra_args(args.extra_train_args, DEMO_OPTIONS)
     args.extra_train_args = shlex.split(args.extra_train_args)
-    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
-    bad = [s for s in schemes if s not in SCHEME_NAMES]
-    if bad or not schemes:
-        raise DemoError(f"unknown scheme(s) {bad} in --schemes; choose from {', '.join(SCHEME_NAMES)}")
+    try:
+        schemes = name_list(SCHEME_NAMES, "scheme")(args.schemes)
+    except argparse.ArgumentTypeError as exc:
+        raise DemoError(f"--schemes: {exc}") from None
+    if args.gpu:
+        require_cuda("--gpu")
     if args.subset < 0 or 0 < args.subset < N_EXAMPLES:
         raise DemoError(f"--subset must be 0 (all) or at least {N_EXAMPLES}")
     if args.out is None:

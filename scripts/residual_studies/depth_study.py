@@ -43,12 +43,17 @@ import shlex
 import sys
 import time
 
-from . import REPO, cell, grid
+from . import REPO, cell, grid, options
 from .files import read_json, write_json
 from .report import LABELS, fmt, fmtg, plot_against_depth
 from .runner import ToolError, loadavg, logger
 
 DEFAULT_OUT = os.path.join(REPO, "runs", "depth_study")
+#: the depth study's option behind each setting of a cell (:func:`.cell.check_extra_args`)
+STUDY_OPTIONS = dict(scheme="--schemes", depth="--depths", width="--width", ffn_dim="--ffn-dim", heads="--heads",
+                     seed="--seed", lr="--lr", warmup="--warmup", max_tokens="--max-tokens", updates="--updates",
+                     dropout="--dropout", clip_norm="--clip-norm", out="--out", user_dir="--user-dir",
+                     log_interval="--log-interval")
 log = logger("depth-study")
 
 
@@ -167,8 +172,8 @@ def build_parser():
                "2000 --warmup 400 --width 128 --jobs 8 on a bigger machine")
     p.add_argument("--depths", type=grid.int_list, default=list(DEFAULT_DEPTHS),
                    help="layers per stack, comma-separated (default: 6,12,24,48)")
-    p.add_argument("--seed", type=int, default=1)
-    grid.add_cell_arguments(p, out=DEFAULT_OUT)
+    p.add_argument("--seed", type=options.nonnegative_int, default=1)
+    grid.add_cell_arguments(p, out=DEFAULT_OUT, study_options=STUDY_OPTIONS)
     return p
 
 

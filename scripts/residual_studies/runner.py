@@ -57,6 +57,21 @@ def tool(name):
                     f"(make venv) and put .venv/bin first on PATH")
 
 
+def require_cuda(option):
+    """Stop unless torch sees a CUDA GPU: without one fairseq trains on the CPU, and a report would call the
+    run a GPU run.
+
+    Raises:
+        ToolError: naming ``option`` and what to do instead.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ToolError(f"{option}: this machine has no CUDA GPU that torch can use (torch.cuda.is_available() is "
+                        f"False, torch {torch.__version__}); without one fairseq would train on the CPU. Leave "
+                        f"out {option} to run on the CPU, or run on a machine with a GPU and a CUDA build of torch")
+
+
 def git_commit():
     """The checkout's commit (with ``+dirty`` when it has local changes), or None without git."""
     try:

@@ -13,15 +13,16 @@ class Step:
     """A step's settings stamp (``settings.json``) and done marker (``done.json``) in ``folder``.
 
     ``check()`` returns True when the step finished earlier with the same settings (reuse it). A
-    finished step whose settings differ is an error unless ``overwrite`` (then it is redone);
+    finished step whose settings differ is an error unless ``overwrite`` (then it is redone); the error
+    ends with ``hint(folder, diff)`` when given (the tool's own advice), else it suggests ``--overwrite``;
     ``cheap`` steps (derived results) are redone without asking. A step that ``owns`` its folder
     empties it before it is redone; other steps (translation, in a training run's folder) only
     drop their own marker.
     """
 
     def __init__(self, folder, name, settings, overwrite=False, cheap=False, owns=True,
-                 files=("settings.json", "done.json")):
-        self.folder, self.name, self.settings = folder, name, settings
+                 files=("settings.json", "done.json"), hint=None):
+        self.folder, self.name, self.settings, self.hint = folder, name, settings, hint
         self.overwrite, self.cheap, self.owns = overwrite, cheap, owns
         self.stamp = os.path.join(folder, files[0])
         self.done_path = os.path.join(folder, files[1])
@@ -47,9 +48,10 @@ class Step:
         if diff and self.done() and not set(diff) <= set(resumable) and not (self.cheap or self.overwrite):
             changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in
                                 ((k, *v) for k, v in diff.items()))
-            raise ToolError(
-                f"{rel(self.folder)} ({self.name}) was finished with other settings ({changes}). "
-                f"Use another --out folder, or pass --overwrite to redo this step.")
+            advice = (self.hint(self.folder, diff) if self.hint else
+                      "Use another --out folder, or pass --overwrite to redo this step")
+            raise ToolError(f"{rel(self.folder)} ({self.name}) was finished with other settings ({changes}). "
+                            f"{advice}.")
         if diff and not set(diff) <= set(resumable):
             log(f"{self.name}: settings changed ({', '.join(diff)}); redoing it")
             if self.owns and os.path.isdir(self.folder):
