@@ -19,7 +19,11 @@ cell. Inside it::
 larger one continues the run from ``checkpoint_last.pt`` (fairseq restores the model, Adam's moments, the
 learning-rate schedule and the position in the epoch, and seeds every update with seed + update number, so
 the continued run is the run that would have gone on); a smaller one than the cell was trained to is
-refused, since its state was not kept.
+refused, since its state was not kept. A cell continues when it is ok, or when the divergence rule flagged
+it only for its valid nll above the uniform guess at the end of a segment that fairseq finished (exit status
+0, a finite valid nll: its checkpoint is finite), which a short first budget can do to a run that is
+learning; a run that stopped on NaN/Inf or crashed is not trained further. Every result says which budget
+it was asked for (``budget``) and how many updates the cell has (``reached``).
 
 The study's options set the cells' settings; :func:`check_extra_args` refuses extra fairseq-train options
 that would set them again (the cell would be filed, hashed and reported as one scheme, depth, seed or recipe
@@ -27,6 +31,7 @@ and trained as another).
 """
 import hashlib
 import json
+import math
 import os
 import shlex
 import shutil
@@ -90,6 +95,30 @@ def check_extra_args(extra, study_options):
         raise ToolError(f"--extra-train-args sets {option}, which the study sets itself for every cell (the cell's "
                         f"folder, settings and report would name one value and fairseq would train with another): "
                         f"{what}")
+
+
+def can_continue(state, run_dir):
+    """Whether a cell in ``state`` can be trained on: it is ok, or it diverged only by its valid nll above the
+    uniform guess at the end of a segment fairseq finished (exit status 0, finite valid nll) and
+    ``checkpoint_last.pt`` is there."""
+    if state["status"] == "ok":
+        return True
+    nll = state.get("stats", {}).get("valid_nll_loss")
+    return (state["status"] == "diverged" and state.get("exit_status") == 0 and nll is not None
+            and math.isfinite(nll) and os.path.exists(os.path.join(run_dir, "checkpoint_last.pt")))
+
+
+def reached(state):
+    """The updates a cell has: the segment's end when fairseq finished it, else the last logged update."""
+    if state.get("exit_status") == 0 and state.get("segments"):
+        return state["segments"][-1]["updates"]
+    return max(state.get("stats", {}).get("updates_done") or 0, state["updates"])
+
+
+def shortfall(results):
+    """The results whose cell has fewer updates than the budget they report (``reached`` < ``budget``)."""
+    return [r for r in results if r.get("reached", r.get("budget")) is not None
+            and r.get("budget") is not None and r.get("reached", r["budget"]) < r["budget"]]
 
 
 def settings(args, scheme, depth, data):
@@ -209,7 +238,9 @@ def train_segment(args, s, data, run_dir, state, name):
              log=os.path.basename(log_path))]
     log(f"{name}: {status}{' (' + reason + ')' if reason else ''}, valid nll {stats['valid_nll_loss']}, "
         f"{train_s:.0f} s")
-    return dict(status=status, reason=reason, exit_status=rc, stats=stats, updates=updates if status == "ok" else start,
+    # where the next segment starts: the end of this one when fairseq finished it (also when the rule then
+    # flagged its loss), else where it started (fairseq's save of a crashed run is not trusted)
+    return dict(status=status, reason=reason, exit_status=rc, stats=stats, updates=updates if rc == 0 else start,
                 train_s=round(sum(g["train_s"] for g in segments), 1),
                 train_cpu_s=round(sum(g["train_cpu_s"] or 0 for g in segments), 1), load_end=loadavg(),
                 command=command, segments=segments)
@@ -244,8 +275,9 @@ def run(args, data, scheme, depth, label=None):
     budget's ``result.json``).
 
     A cell is trained once: a later call with a larger budget continues it from its last checkpoint, a
-    call with a budget it already reached returns that budget's result. A cell that diverged or failed is
-    not trained further: larger budgets report the same outcome.
+    call with a budget it already reached returns that budget's result. A cell that diverged by its loss
+    alone continues (:func:`can_continue`); one that stopped on NaN/Inf or failed is not trained further:
+    larger budgets report the same outcome, with the updates it has (``reached``).
 
     Raises:
         ToolError: the cell was trained past ``args.updates`` without measuring that budget.
@@ -265,19 +297,22 @@ def run(args, data, scheme, depth, label=None):
     state_file = os.path.join(run_dir, "train_state.json")
     state = read_json(state_file)
     ckpt = os.path.join(bdir, "checkpoint.pt")
-    if state is not None and state["updates"] > updates and state["status"] == "ok":
-        raise ToolError(f"{name}: this cell ({_short(run_dir)}) was trained to {state['updates']} updates "
+    if state is not None and reached(state) > updates and can_continue(state, run_dir):
+        raise ToolError(f"{name}: this cell ({_short(run_dir)}) was trained to {reached(state)} updates "
                         f"already, past the {updates} asked for, and its state at {updates} updates was not "
-                        f"kept; ask for --updates {state['updates']} or more, or use another --out")
-    if state is None or (state["status"] == "ok" and state["updates"] < updates):
+                        f"kept; ask for --updates {reached(state)} or more, or use another --out")
+    if state is not None and state["status"] != "ok" and reached(state) < updates and can_continue(state, run_dir):
+        log(f"{name}: diverged by its loss alone at {reached(state)} updates ({state['reason']}); trained on")
+        state = dict(state, updates=reached(state))  # states of earlier versions kept the segment's start
+    if state is None or (can_continue(state, run_dir) and state["updates"] < updates):
         state = train_segment(args, s, data, run_dir, state, name)
         write_json(state_file, state)
         if state["status"] == "ok":
             _atomic_copy(os.path.join(run_dir, "checkpoint_last.pt"), ckpt)
     result = dict({k: v for k, v in state.items() if k != "segments"}, settings=s,
-                  cell=os.path.basename(run_dir), budget=updates)
-    if state["status"] != "ok" and state["updates"] < updates:
-        result["reason"] = f"{state['reason']} (before {state['updates']} updates; not trained further)"
+                  cell=os.path.basename(run_dir), budget=updates, reached=min(reached(state), updates))
+    if state["status"] != "ok" and result["reached"] < updates:
+        result["reason"] = f"{state['reason']} (at {result['reached']} updates; not trained further)"
     result["scores"] = None
     last = os.path.join(run_dir, "checkpoint_last.pt")
     use = ckpt if os.path.exists(ckpt) else (last if state["status"] == "diverged" and os.path.exists(last) else None)
@@ -324,5 +359,6 @@ def _atomic_copy(src, dst):
     os.replace(tmp, dst)
 
 
-__all__ = ["CELL_OPTIONS", "CHECKPOINT_EVERY", "analyze", "budget_dir", "budgets", "check_extra_args", "classify", "folder", "parse_log",
+__all__ = ["CELL_OPTIONS", "CHECKPOINT_EVERY", "analyze", "budget_dir", "budgets", "can_continue",
+           "check_extra_args", "classify", "folder", "parse_log", "reached", "shortfall",
            "result_path", "run", "settings", "train_command", "train_segment", "translate_and_score"]

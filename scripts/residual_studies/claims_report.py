@@ -5,6 +5,7 @@ import time
 
 from fairseq_residual import paper_results
 
+from .cell import shortfall
 from .claims import ABLATIONS, CONDITIONS, cell_metrics, claims, row_color, row_label
 from .files import write_json
 from .report import ORDER, _pyplot, markdown_table
@@ -82,6 +83,9 @@ def write_report(args, results, wall_s, by_budget=None):
     found = claims(by, conditions)
     s0 = results[0]["settings"]
     cpu = [cell_metrics(r)["train_cpu_s"] for r in results if cell_metrics(r)["train_cpu_s"]]
+    short = shortfall(results)
+    budget_note = (f" ({len(short)} of {len(results)} cells stopped before {s0['updates']} updates: listed below)"
+                   if short else "")
     lines = [
         "# Claims study", "",
         f"Command: `scripts/claims_study.sh {' '.join(args.argv)}`  ",
@@ -91,7 +95,7 @@ def write_report(args, results, wall_s, by_budget=None):
         f"Setup: shipped Ding de->en corpus; residual_transformer width {s0['width']}, FFN {s0['ffn_dim']}, "
         f"{s0['heads']} heads, dropout {s0['dropout']}; Adam (0.9, 0.98), lr {s0['lr']} inverse_sqrt "
         f"(warm-up {args.warmup} updates, or none), max_tokens {s0['max_tokens']}, {s0['updates']} updates per "
-        f"cell, seeds {', '.join(map(str, args.seeds))}, device {args.device}. Valid nll: bits per target "
+        f"cell{budget_note}, seeds {', '.join(map(str, args.seeds))}, device {args.device}. Valid nll: bits per target "
         f"token on the whole valid split; BLEU/chrF: sacreBLEU of beam-{s0['beam']} translations of the first "
         f"{s0['bleu_sentences']} test sentences. grad: layer-1 / top-layer gradient norm, cos: cosine of the "
         f"last two layer outputs, encoder / decoder, from fairseq-residual-analyze on the final checkpoint. "
@@ -104,6 +108,15 @@ def write_report(args, results, wall_s, by_budget=None):
               f"{r['diverged']}" + (f" (+{r['failed']} failed)" if r["failed"] else ""), r["valid_nll"],
               r["bleu"], r["chrf"], r["grad"], r["cos"], r["paper"]] for r in rows]),
         "", paper_results.describe("iwslt14") or "", "",
+    ]
+    if short:
+        lines += [f"Cells that did not reach {s0['updates']} updates (a run stopped by NaN/Inf or an error is not "
+                  "trained further; its numbers are those of where it stopped):", "",
+                  markdown_table(["cell", "status", "updates reached", "reason"],
+                                 [[f"{r['scheme']} {r['condition']} seed {r['seed']}", r["status"], r["reached"],
+                                   (r.get("reason") or "").replace("|", "/")] for r in short],
+                                 ["l", "l", "r", "l"]), ""]
+    lines += [
         "## The paper's claims, one line each", "",
         "Paired by seed; verdict from the 95% t-interval of the mean difference (holds: wholly on the "
         "claimed side of zero; does not hold: wholly on the other; inconclusive: it spans zero).", "",

@@ -83,15 +83,17 @@ def write_report(args, data, results, wall_s):
     pivot = head + "".join(
         f"| {d} | " + " | ".join(cell_text(by.get((s, d))) for s in schemes) + " |\n" for d in depths)
 
-    detail = ("| scheme | layers | status | valid loss | valid nll | BLEU | chrF | enc grad L1/top | "
-              "dec grad L1/top | train s (CPU s) | translate s (CPU s) | note |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+    detail = ("| scheme | layers | status | updates | valid loss | valid nll | BLEU | chrF | enc grad L1/top | "
+              "dec grad L1/top | train s (CPU s) | translate s (CPU s) | note |\n"
+              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
     for d in depths:
         for s in schemes:
             r = by.get((s, d))
             if r is None:
                 continue
             st, sc = r["stats"], r.get("scores") or {}
-            detail += (f"| {LABELS[s]} | {d} | {r['status']} | {fmt(st.get('valid_loss'))} | "
+            detail += (f"| {LABELS[s]} | {d} | {r['status']} | {r.get('reached', r['settings']['updates'])} | "
+                       f"{fmt(st.get('valid_loss'))} | "
                        f"{fmt(st.get('valid_nll_loss'))} | {fmt(sc.get('bleu'))} | {fmt(sc.get('chrf'))} | "
                        f"{fmtg(st.get('grad_norm_low_top_enc'))} | {fmtg(st.get('grad_norm_low_top_dec'))} | "
                        f"{r['train_s']:.0f} ({fmt(r.get('train_cpu_s'), 0)}) | "
@@ -101,6 +103,9 @@ def write_report(args, data, results, wall_s):
     cell_wall = sum(r.get("train_s") or 0 for r in results)
     cpus = [r.get("train_cpu_s") for r in results]
     cell_cpu = None if None in cpus else sum(cpus)  # cells of older versions did not record it
+    short = cell.shortfall(results)
+    budget_note = (f" ({len(short)} of {len(results)} cells stopped before {any_s['updates']} updates: the "
+                   f"updates column)" if short else "")
     text = (
         f"# Depth-scaling study: {' vs '.join(LABELS[s] for s in schemes)}\n\n"
         f"Command: `{command}`  \n"
@@ -114,7 +119,7 @@ def write_report(args, data, results, wall_s):
         f"{any_s['ffn_dim']}, {any_s['heads']} heads, dropout {any_s['dropout']}, shared embeddings; Adam "
         f"(0.9, 0.98), lr {any_s['lr']} (inverse_sqrt, {any_s['warmup']} warm-up updates from 1e-7), "
         f"clip-norm {any_s['clip_norm']}, weight decay 1e-4, label smoothing 0.1, max_tokens "
-        f"{any_s['max_tokens']}, **{any_s['updates']} updates for every cell**, seed {any_s['seed']}, "
+        f"{any_s['max_tokens']}, **{any_s['updates']} updates for every cell**{budget_note}, seed {any_s['seed']}, "
         f"CPU, fp32.\n\n"
         f"BLEU: sacreBLEU of beam-{any_s['beam']} translations of the first {data['bleu_sentences']} "
         f"test sentences (detokenized, raw references); signature `{sig}`. Valid loss / nll: fairseq's "
