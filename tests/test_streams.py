@@ -166,3 +166,47 @@ def test_flat_fp16_master_weights_with_weight_decay_are_refused():
     tiny("--residual-scheme", "hyper_connections", "--optimizer", "adam", "--fp16", "--fp16-no-flatten-grads",
          "--weight-decay", 0.1)
     tiny("--residual-scheme", "hyper_connections", "--optimizer", "adam", "--fp16", "--weight-decay", 0)
+
+
+def test_the_analysis_tool_reports_stream_similarity_and_mixing_distance():
+    """At initialisation hyper-connections' streams are identical (cosine 1) and their mixing the identity
+    (distance 0). With random static connections the tool's distance equals ||prod_k A_r(k)^T - I|| / sqrt(n)
+    over each layer's sub-layers, from the parameters, and its stream cosine the mean pairwise cosine of the
+    streams each layer returns."""
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    from fairseq_residual.analyze import analyze_model
+
+    d = make_dictionary()
+    n = 3
+    model, args, task = build_model("residual_transformer_tiny", "--residual-scheme", "hyper_connections",
+                                    "--hc-streams", n, "--hc-static", "--dropout", 0, *DEPTH, dictionary=d)
+    crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    src, lengths, prev, tgt = random_batch(d, bsz=5)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev},
+              "target": tgt, "ntokens": int(tgt.ne(d.pad()).sum()), "nsentences": 5}
+    got = analyze_model(model, crit, [sample])
+    for s, layers in (("encoder", 3), ("decoder", 2)):
+        assert got["stream_cosine"][s] == pytest.approx([1.0] * layers, abs=1e-6)
+        assert got["mixing_distance"][s] == pytest.approx([0.0] * layers, abs=1e-7)
+
+    randomise_scheme_parameters(model)
+    outputs = {}
+    for s, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
+        for l, layer in enumerate(stack.layers):
+            layer.register_forward_hook(lambda m, i, o, key=(s, l): outputs.__setitem__(
+                key, (o[0] if isinstance(o, tuple) else o)[0].detach()))
+    got = analyze_model(model, crit, [sample])
+    masks = {"encoder": src.ne(d.pad()).t(), "decoder": prev.ne(d.pad()).t()}
+    for s, stack, kinds in (("encoder", model.encoder, ("self_attn", "ffn")),
+                            ("decoder", model.decoder, ("self_attn", "encoder_attn", "ffn"))):
+        for l, layer in enumerate(stack.layers):
+            m = torch.eye(n, dtype=torch.float64)
+            for kind in kinds:
+                m = getattr(layer, f"{kind}_residual").static_alpha[:, 1:].t().double().detach() @ m
+            want = float((m - torch.eye(n, dtype=torch.float64)).norm() / math.sqrt(n))
+            assert got["mixing_distance"][s][l] == pytest.approx(want, rel=1e-6)
+            h = outputs[(s, l)]  # n x T x B x C
+            pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+            cos = sum(torch.nn.functional.cosine_similarity(h[i], h[j], dim=-1) for i, j in pairs) / len(pairs)
+            assert got["stream_cosine"][s][l] == pytest.approx(float(cos[masks[s]].double().mean()), rel=1e-5)

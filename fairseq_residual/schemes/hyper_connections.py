@@ -112,9 +112,10 @@ class HyperConnection(SublayerResidual):
 
     @torch.jit.unused
     def width_mixing(self, streams: Tensor, mask: Tensor) -> Tensor:
-        """The mean ``A_r`` (n x n) over the positions of ``mask`` (T x B, True at real tokens), for analysis."""
+        """The mean width mixing M (n x n, as h' = M h: ``M[j, i] = A_r[i, j]``) over the positions of ``mask``
+        (T x B, True at real tokens), for analysis."""
         alpha, _ = self.coefficients(streams)
-        return alpha[:, mask][..., 1:].mean(dim=1)
+        return alpha[:, mask][..., 1:].mean(dim=1).t()
 
     def extra_repr(self):
         return f"streams={self.n_streams}, {'dynamic' if self.dynamic_alpha_fn is not None else 'static'}"
