@@ -304,6 +304,37 @@ def load_checkpoint(cfg, trainer, **passthrough_args):
         cfg.restore_file = original
 
 
+def _truncated_message(path: str, fix: str) -> str:
+    """What is wrong with the local checkpoint file ``path`` that is empty or cut short, and ``fix``, with the
+    complete checkpoints beside it (newest first)."""
+    size = os.path.getsize(path)
+    others = [os.path.basename(p) for p in checkpoints_in(os.path.dirname(path) or ".")]
+    hint = (f"complete checkpoints beside it, newest first: {', '.join(others)}" if others
+            else "no complete checkpoint is beside it")
+    state = "is empty (0 bytes" if size == 0 else f"is truncated ({size} bytes"
+    return (f"checkpoint {path} {state}; cut short while it was written, e.g. by a kill during a save): "
+            f"{fix} ({hint})")
+
+
+def check_not_truncated(path: str, fix: str = "load another one") -> None:
+    """Refuse a local checkpoint file that is empty or a zip archive cut short, before ``torch.load`` fails
+    on it with a bare ``EOFError`` / ``PytorchStreamReader failed reading zip archive``.
+
+    A file in torch's legacy (non-zip, before 1.6) format is not judged: only ``torch.load`` can tell.
+
+    Raises:
+        FileNotFoundError: no such file.
+        TruncatedCheckpointError: the file is empty or truncated, naming it, its size, ``fix`` and the
+            complete checkpoints beside it.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint {path}: no such file")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head or (head == b"PK\x03\x04" and not zipfile.is_zipfile(path)):
+        raise TruncatedCheckpointError(_truncated_message(path, fix))
+
+
 def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
     """fairseq's ``checkpoint_utils.load_checkpoint_to_cpu``, naming a truncated file as such.
 
@@ -318,13 +349,7 @@ def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
             raise
         if not os.path.isfile(path) or is_complete_checkpoint(path):
             raise
-        others = [os.path.basename(p) for p in checkpoints_in(os.path.dirname(path) or ".")]
-        hint = (f"complete checkpoints beside it, newest first: {', '.join(others)}" if others
-                else "no complete checkpoint is beside it")
-        raise TruncatedCheckpointError(
-            f"checkpoint {path} is truncated ({os.path.getsize(path)} bytes; cut short while it was "
-            f"written, e.g. by a kill during a save): load another one ({hint})"
-        ) from exc
+        raise TruncatedCheckpointError(_truncated_message(path, "load another one")) from exc
 
 
 def install():
