@@ -6,7 +6,8 @@ Load it with ``--user-dir fairseq_residual`` (fairseq-train, -generate, -interac
 registry), ``config`` (options), ``layers`` (sub-layers shared by the schemes' layers),
 ``encoder_decoder`` (stacks), ``model`` (registration and presets), ``checkpoint_compat`` (loading
 fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving and resuming), ``tasks`` (the
-``translation_with_grad_norms`` task), ``lr_scheduler`` (``inverse_sqrt_nowarmup``, T-Fixup's schedule).
+``translation_with_grad_norms`` task), ``lr_scheduler`` (``inverse_sqrt_nowarmup``, T-Fixup's schedule),
+``precision`` (warns that fairseq's ``--amp`` without CUDA trains in fp32).
 ``analyze`` (the ``fairseq-residual-analyze`` command) and ``tools`` (the study tooling behind
 ``scripts/``) register nothing: not imported here.
 ``registration_guard`` refuses a second copy of the plugin in one process.
@@ -15,4 +16,4 @@ from .registration_guard import check_single_copy
 
 check_single_copy(__name__, __file__)  # before any registration: one copy of the plugin per process
 
-from . import checkpoint_compat, checkpoint_safety, cli_help, config, encoder_decoder, layers, lr_scheduler, model, schemes, tasks  # noqa: E402,F401
+from . import checkpoint_compat, checkpoint_safety, cli_help, config, encoder_decoder, layers, lr_scheduler, model, precision, schemes, tasks  # noqa: E402,F401
