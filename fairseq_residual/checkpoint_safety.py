@@ -135,57 +135,51 @@ class ResumeCandidate:
     by_name: bool = False
 
 
-def _misfit(saved: dict, model, model_cfg) -> Optional[str]:
-    """Why the model state ``saved`` (a checkpoint's ``model``) would not load into ``model``, or None.
+def _misfit(saved: dict, model) -> Optional[str]:
+    """Why the model state ``saved`` (a checkpoint's ``model``) is not of this run's ``model``, or None.
 
-    Checks what fairseq's strict ``load_state_dict`` would meet: the residual scheme each stack was trained
-    with (this plugin's ``residual_scheme_id`` buffers), then, after the model's own ``upgrade_state_dict``
-    (renames of older checkpoints) and fairseq's ``prune_state_dict``, the parameter names and shapes.
-    ``saved`` is not modified (a shallow copy is upgraded).
+    Compares the residual scheme of each stack (this plugin's ``residual_scheme_id`` buffers, when both
+    have them), then the shapes of every tensor of more than one element, as a multiset: names are not
+    compared, so the renames that the model's ``upgrade_state_dict`` applies to checkpoints of earlier
+    versions do not count, and that upgrade (which may change the model it runs on) is not called.
     """
+    from collections import Counter
+
     from .schemes import scheme_by_id
 
     own = model.state_dict()
     for stack in ("encoder", "decoder"):
         key = f"{stack}.residual_scheme_id"
-        if key in own and key in saved and int(saved[key]) != int(own[key]):
+        if key in own and torch.is_tensor(saved.get(key)) and int(saved[key]) != int(own[key]):
             try:
                 theirs = scheme_by_id(int(saved[key])).name
             except ValueError:
                 theirs = f"id {int(saved[key])}"
             return (f"its {stack} was trained with residual scheme '{theirs}', this run's uses "
                     f"'{scheme_by_id(int(own[key])).name}'")
-    state = dict(saved)
-    try:
-        model.upgrade_state_dict(state)
-        if model_cfg is not None:
-            state = checkpoint_utils.prune_state_dict(state, model_cfg)
-    except Exception as exc:  # e.g. SchemeMismatchError for a stock checkpoint of another layout
-        return f"it does not load into this model ({type(exc).__name__}: {exc})"
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [
-        f"{k} has shape {tuple(state[k].shape)}, this run's {tuple(own[k].shape)}" for k in own
-        if k in state and torch.is_tensor(state[k]) and tuple(state[k].shape) != tuple(own[k].shape)
-    ]
-    if not (missing or unexpected or shapes):
+
+    def shapes(state):
+        return Counter(tuple(t.shape) for t in state.values() if torch.is_tensor(t) and t.numel() > 1)
+
+    if shapes(saved) == shapes(own):
         return None
-    parts = shapes[:3]
-    if missing:
-        parts.append(f"it lacks {', '.join(missing[:3])}" + (" ..." if len(missing) > 3 else ""))
-    if unexpected:
-        parts.append(f"this run has no {', '.join(unexpected[:3])}" + (" ..." if len(unexpected) > 3 else ""))
-    return "another model: " + "; ".join(parts)
+    named = [f"{k} has shape {tuple(saved[k].shape)}, this run's {tuple(own[k].shape)}" for k in own
+             if torch.is_tensor(saved.get(k)) and tuple(saved[k].shape) != tuple(own[k].shape)]
+    if not named:
+        extra, lacking = shapes(saved) - shapes(own), shapes(own) - shapes(saved)
+        named = [f"tensor shapes differ (it has {dict(extra) or 'none'} that this run does not, and lacks "
+                 f"{dict(lacking) or 'none'})"]
+    return "another model: " + "; ".join(named[:3]) + (" ..." if len(named) > 3 else "")
 
 
-def inspect_checkpoint(path: str, model=None, model_cfg=None, need_optimizer_state: bool = True,
+def inspect_checkpoint(path: str, model=None, need_optimizer_state: bool = True,
                        suffix: str = "") -> ResumeCandidate:
     """Whether the complete checkpoint ``path`` may be resumed from, and its update count.
 
     Only a checkpoint that fairseq's training wrote for *this* run may be: a training name
     (:func:`is_training_checkpoint_name`), an update count, optimizer state (unless the run saves none:
     ``--no-save-optimizer-state``) and, when ``model`` is given, a model state that loads into ``model``
-    (same residual schemes, parameter names and shapes; see :func:`_misfit`). An averaged checkpoint
+    (same residual schemes and tensor shapes; see :func:`_misfit`). An averaged checkpoint
     (fairseq's ``scripts/average_checkpoints.py`` or this project's, which drops the optimizer state)
     has averaged weights that no optimizer state belongs to: never a candidate.
 
@@ -199,9 +193,13 @@ def inspect_checkpoint(path: str, model=None, model_cfg=None, need_optimizer_sta
                                "(checkpoint_last, checkpoint_best, checkpointE, checkpoint_E_U, checkpoint.best_*); "
                                "e.g. an averaged checkpoint, which is for decoding only", by_name=True)
     try:
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        try:
+            state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        except (OSError, RuntimeError, ValueError):  # e.g. a file system without mmap: read it whole
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # unreadable for the safe loader: fairseq's load would fail on it too
-        return ResumeCandidate(path, None, mtime, f"it cannot be read ({type(exc).__name__}: {exc})"[:400])
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        return ResumeCandidate(path, None, mtime, f"it cannot be read ({type(exc).__name__}: {reason})")
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         return ResumeCandidate(path, None, mtime, "it holds no fairseq model state")
     try:
@@ -212,14 +210,13 @@ def inspect_checkpoint(path: str, model=None, model_cfg=None, need_optimizer_sta
         return ResumeCandidate(path, num_updates, mtime, "it has no optimizer state (e.g. an averaged checkpoint, "
                                "for decoding only)")
     if model is not None:
-        misfit = _misfit(state["model"], model, model_cfg)
+        misfit = _misfit(state["model"], model)
         if misfit:
             return ResumeCandidate(path, num_updates, mtime, misfit)
     return ResumeCandidate(path, num_updates, mtime)
 
 
-def resume_candidates(save_dir: str, suffix: str = "", model=None, model_cfg=None,
-                      need_optimizer_state: bool = True):
+def resume_candidates(save_dir: str, suffix: str = "", model=None, need_optimizer_state: bool = True):
     """The checkpoints of ``save_dir`` that a resumed run may start from, best first, and the others.
 
     Returns:
@@ -228,7 +225,7 @@ def resume_candidates(save_dir: str, suffix: str = "", model=None, model_cfg=Non
         newest written first; ``rejected`` (each with its ``problem``) newest first.
     """
     last = f"checkpoint_last{suffix}.pt"
-    found = [inspect_checkpoint(p, model, model_cfg, need_optimizer_state, suffix)
+    found = [inspect_checkpoint(p, model, need_optimizer_state, suffix)
              for p in checkpoints_in(save_dir)]
     candidates = sorted((c for c in found if c.problem is None),
                         key=lambda c: (c.num_updates, os.path.basename(c.path) == last, c.mtime), reverse=True)
@@ -261,8 +258,7 @@ def load_checkpoint(cfg, trainer, **passthrough_args):
         trainer.cfg.common, "model_parallel_size", 1) > 1
     model = None if sharded else trainer.get_model()
     candidates, rejected = resume_candidates(
-        cfg.save_dir, suffix, model, getattr(trainer.cfg, "model", None),
-        need_optimizer_state=not getattr(cfg, "no_save_optimizer_state", False),
+        cfg.save_dir, suffix, model, need_optimizer_state=not getattr(cfg, "no_save_optimizer_state", False)
     )
     chosen = candidates[0] if candidates else None
     last_exists, last_complete = os.path.exists(last), is_complete_checkpoint(last)

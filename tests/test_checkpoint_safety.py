@@ -211,16 +211,17 @@ def test_averaged_checkpoint_in_save_dir_is_never_resumed_from(
     averager, name, last_state, trained_save_dir, tiny_data_bin, tmp_path
 ):
     import shutil
-    import subprocess
 
     _, data_bin = tiny_data_bin
     save = tmp_path / "ckpt"
     shutil.copytree(trained_save_dir, save)
     inputs = [save / "checkpoint_1_4.pt", save / "checkpoint_1_2.pt"]  # newest first, as fairseq lists them
-    if averager == "plugin":
-        subprocess.run([sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), "--inputs",
-                        *map(str, inputs), "--output", str(save / name)], check=True, env=cli_env(),
-                       stdout=subprocess.PIPE)
+    if averager == "plugin":  # scripts/average_checkpoints.py's averaging, in-process
+        import torch
+
+        from fairseq_residual.tools.checkpoints import average_checkpoints
+
+        torch.save(average_checkpoints([str(p) for p in inputs]), save / name)
     else:
         fairseq_style_average(inputs, save / name)
     _make_newest(save / name)
@@ -288,3 +289,24 @@ def test_only_fairseq_training_names_are_resume_candidates():
                  "checkpoint_best_avg.pt", "checkpoint_last.pt.tmp", "checkpoint_last-shard0.pt", "model.pt"):
         assert not ok(name), name
     assert ok("checkpoint_last-shard0.pt", "-shard0") and not ok("checkpoint_last.pt", "-shard0")
+
+
+def test_fit_check_compares_schemes_and_shapes_without_touching_the_model():
+    import torch
+
+    from conftest import build_model
+    from fairseq_residual.checkpoint_safety import _misfit
+
+    model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", "pre_ln")
+    own = model.state_dict()
+    assert _misfit(dict(own), model) is None
+    renamed = {("old." + k if "fc1" in k else k): v for k, v in own.items()}  # names alone do not count
+    assert _misfit(renamed, model) is None
+    other = dict(own, **{"encoder.residual_scheme_id": torch.tensor(0)})
+    assert _misfit(other, model) == "its encoder was trained with residual scheme 'post_ln', this run's uses 'pre_ln'"
+    wider = dict(own, **{"decoder.layers.1.fc2.weight": torch.zeros(64, 32)})
+    assert _misfit(wider, model) == ("another model: decoder.layers.1.fc2.weight has shape (64, 32), "
+                                     "this run's (64, 64)")
+    # a state without fairseq's version keys: fairseq's upgrade would drop the model's final LayerNorm
+    assert _misfit({"w": torch.zeros(3, 3)}, model).startswith("another model: tensor shapes differ")
+    assert model.encoder.layer_norm is not None and model.decoder.layer_norm is not None
