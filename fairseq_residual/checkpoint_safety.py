@@ -222,13 +222,20 @@ def resume_candidates(save_dir: str, suffix: str = "", model=None, need_optimize
     Returns:
         ``(candidates, rejected)``: lists of :class:`ResumeCandidate` of the complete ``checkpoint*.pt``
         files; ``candidates`` ordered by update count (most first), then ``checkpoint_last`` first, then
-        newest written first; ``rejected`` (each with its ``problem``) newest first.
+        the files fairseq saves directly (``checkpointE``, ``checkpoint_E_U``) before its copies
+        (``checkpoint_best``, ``checkpoint.best_*``, which users sometimes overwrite with an averaged
+        model), then newest written first; ``rejected`` (each with its ``problem``) newest first.
     """
     last = f"checkpoint_last{suffix}.pt"
+    direct = re.compile(rf"checkpoint(?:\d+|_\d+_\d+){re.escape(suffix)}\.pt")
     found = [inspect_checkpoint(p, model, need_optimizer_state, suffix)
              for p in checkpoints_in(save_dir)]
-    candidates = sorted((c for c in found if c.problem is None),
-                        key=lambda c: (c.num_updates, os.path.basename(c.path) == last, c.mtime), reverse=True)
+    candidates = sorted(
+        (c for c in found if c.problem is None),
+        key=lambda c: (c.num_updates, os.path.basename(c.path) == last,
+                       direct.fullmatch(os.path.basename(c.path)) is not None, c.mtime),
+        reverse=True,
+    )
     rejected = [c for c in found if c.problem is not None]
     return candidates, rejected
 

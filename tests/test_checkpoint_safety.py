@@ -310,3 +310,29 @@ def test_fit_check_compares_schemes_and_shapes_without_touching_the_model():
     # a state without fairseq's version keys: fairseq's upgrade would drop the model's final LayerNorm
     assert _misfit({"w": torch.zeros(3, 3)}, model).startswith("another model: tensor shapes differ")
     assert model.encoder.layer_norm is not None and model.decoder.layer_norm is not None
+
+
+def test_resume_order_most_updates_then_last_then_directly_saved(tmp_path):
+    import torch
+
+    from fairseq_residual.checkpoint_safety import resume_candidates
+
+    def save(name, updates, optimizer=True, age=0):
+        state = {"model": {}, "optimizer_history": [{"num_updates": updates}]}
+        if optimizer:
+            state["last_optimizer_state"] = {"state": {}}
+        torch.save(state, tmp_path / name)
+        os.utime(tmp_path / name, (1e9 - age, 1e9 - age))
+
+    save("checkpoint_1_4.pt", 4, age=30)
+    save("checkpoint_best.pt", 4, age=0)  # newest, same updates: e.g. overwritten by an averaged model
+    save("checkpoint_1_2.pt", 2, age=40)
+    save("checkpoint_1_9.pt", 9, optimizer=False, age=0)  # no optimizer state: not a candidate
+    save("checkpoint.avg3.pt", 9, age=0)  # fairseq's averaging keeps one input's optimizer state: by name
+    ranked, rejected = resume_candidates(str(tmp_path))
+    assert [os.path.basename(c.path) for c in ranked] == ["checkpoint_1_4.pt", "checkpoint_best.pt",
+                                                          "checkpoint_1_2.pt"]
+    assert [c.num_updates for c in ranked] == [4, 4, 2]
+    assert sorted(os.path.basename(c.path) for c in rejected) == ["checkpoint.avg3.pt", "checkpoint_1_9.pt"]
+    save("checkpoint_last.pt", 4, age=60)  # checkpoint_last.pt first among equal update counts
+    assert os.path.basename(resume_candidates(str(tmp_path))[0][0].path) == "checkpoint_last.pt"
