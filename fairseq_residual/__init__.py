@@ -7,7 +7,8 @@ registry), ``residual`` (the residual protocol), ``config`` (options), ``layers`
 decoder layers), ``encoder_decoder`` (stacks), ``model`` (registration and presets), ``checkpoint_compat`` (loading
 fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving and resuming), ``tasks`` (the
 ``translation_with_grad_norms`` task), ``lr_scheduler`` (``inverse_sqrt_nowarmup``, T-Fixup's schedule),
-``optim_groups`` (per-parameter optimizer overrides, e.g. no weight decay, for every fairseq optimizer).
+``optim_groups`` (per-parameter optimizer overrides, e.g. no weight decay, for every fairseq optimizer),
+``precision`` (warns that fairseq's ``--amp`` without CUDA trains in fp32).
 ``analyze`` (the ``fairseq-residual-analyze`` command) and ``tools`` (the study tooling behind
 ``scripts/``) register nothing: not imported here.
 ``registration_guard`` refuses a second copy of the plugin in one process.
@@ -16,4 +17,7 @@ from .registration_guard import check_single_copy
 
 check_single_copy(__name__, __file__)  # before any registration: one copy of the plugin per process
 
-from . import checkpoint_compat, checkpoint_safety, cli_help, config, encoder_decoder, layers, lr_scheduler, model, optim_groups, schemes, tasks  # noqa: E402,F401
+from . import (  # noqa: E402,F401
+    checkpoint_compat, checkpoint_safety, cli_help, config, encoder_decoder, layers, lr_scheduler, model, optim_groups,
+    precision, schemes, tasks,
+)
