@@ -326,6 +326,7 @@ class Admin(ResidualScheme):
     name = "admin"
     label = "Admin"
     scheme_id = 4
+    builds_on = "post_ln"
     color = "tab:orange"
     update = "x = LN(omega*x + drop(F(x))); omega (per sub-layer, width d) profiled on the first training batch"
     output = "x"

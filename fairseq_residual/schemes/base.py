@@ -145,6 +145,8 @@ class ResidualScheme:
             (README and the module docstring say it is ours), or "".
         recipe: the training recipe the scheme's authors used (README).
         fairseq_path: True for the schemes that are fairseq's own layers and loops (Post-LN, Pre-LN).
+        builds_on: the stock fairseq transformer the scheme modifies, ``post_ln`` or ``pre_ln`` (the
+            baseline of its speed and memory ratios): ``pre_ln`` for schemes with a final LayerNorm.
         normalize_before: fairseq's ``normalize_before`` of a fairseq-path scheme; for any scheme, True
             means ``--{encoder,decoder}-normalize-before`` is accepted (it would otherwise contradict
             where the scheme puts LayerNorm, and is refused).
@@ -166,6 +168,7 @@ class ResidualScheme:
     reading: str = ""
     recipe: str = ""
     fairseq_path: bool = False
+    builds_on: str = "pre_ln"
     normalize_before: bool = False
     final_norm_eps: Optional[float] = 1e-5
     has_layer_norm: bool = True
