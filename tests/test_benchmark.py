@@ -22,8 +22,9 @@ from residual_studies.speed_compare import GOALS, goals_text
 pytestmark = pytest.mark.slow
 
 MODELS = ("transformer_post_ln", "transformer_pre_ln") + SCHEME_NAMES  # every registered scheme
-# Pre-LN-type schemes race stock Pre-LN, the others stock Post-LN
-BASELINES = {s.name: "transformer_pre_ln" if s.normalize_before else "transformer_post_ln" for s in SCHEMES}
+# each scheme races the stock transformer it builds on (``builds_on``; not its own normalize_before: Peri-LN,
+# Mix-LN, ... build on Pre-LN without fairseq's Pre-LN flag)
+BASELINES = {s.name: "transformer_pre_ln" if s.builds_on == "pre_ln" else "transformer_post_ln" for s in SCHEMES}
 assert BASELINES["post_ln"] == "transformer_post_ln" and BASELINES["pre_ln"] == "transformer_pre_ln"
 assert BASELINES["resi_dual"] == "transformer_post_ln"
 

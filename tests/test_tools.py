@@ -110,3 +110,21 @@ def test_benchmark_run_names_have_one_pattern():
     assert name == "resi_dual-12L-seed3"  # what scripts/train.sh makes from the same pattern
     assert commands.parse_run_name(name) == dict(scheme="resi_dual", layers=12, seed=3)
     assert commands.parse_run_name("resi_dual-12L") is None and commands.parse_run_name("x-1L-seedy") is None
+
+
+def test_speed_baselines_follow_what_each_scheme_builds_on():
+    """The speed harness races each scheme against the stock transformer of its ``builds_on`` (Peri-LN and the
+    multi-stream schemes build on Pre-LN without fairseq's normalize_before); the two-stream variants are
+    their scheme with one more option, measured only when named."""
+    from fairseq_residual.schemes import SCHEMES
+    from residual_studies.speed_compare import GOALS
+    from residual_studies.speed_harness import DEFAULT_MODELS, MODELS, SHAPES, VARIANTS, model_cli_args
+
+    stock = {"post_ln": "transformer_post_ln", "pre_ln": "transformer_pre_ln"}
+    assert {s.name: MODELS[s.name]["baseline"] for s in SCHEMES} == {s.name: stock[s.builds_on] for s in SCHEMES}
+    assert MODELS["peri_ln"]["baseline"] == "transformer_pre_ln"
+    assert not set(VARIANTS) & set(DEFAULT_MODELS)
+    for name, (scheme, options) in VARIANTS.items():
+        assert MODELS[name]["baseline"] == MODELS[scheme]["baseline"] and GOALS[name] == GOALS[scheme]
+        args = model_cli_args(name, SHAPES["iwslt6"], 1.0)
+        assert args[args.index("--residual-scheme") + 1] == scheme and args[-len(options):] == options

@@ -12,7 +12,8 @@ COLORS = colors()
 #: colours for rows that are not schemes (ablations), in the order they are handed out; those a scheme
 #: has are skipped (:func:`unused_colors`)
 EXTRA_COLORS = ("tab:pink", "tab:gray", "gold", "navy", "teal", "magenta", "lime", "sienna", "black",
-                "tab:olive", "tab:cyan", "tab:purple", "tab:orange", "tab:brown")
+                "tab:olive", "tab:cyan", "tab:purple", "tab:orange", "tab:brown", "crimson", "darkkhaki",
+                "deepskyblue", "indigo", "yellowgreen", "rosybrown")
 
 
 def unused_colors(n):

@@ -17,8 +17,9 @@ Models per shape (all built through fairseq's registry from ``fairseq-train`` st
 dimensions, dropout .3/.1/.1, shared embeddings, ``TranslationTask`` on a synthetic joined dictionary): the
 two baselines ``transformer_post_ln`` and ``transformer_pre_ln`` (fairseq's ``transformer`` with
 normalize_before False / True), and one model per registered scheme, named by the scheme
-(``residual_transformer --residual-scheme NAME``), measured against the baseline it is built on (stock
-Pre-LN for the schemes with Pre-LN layers, stock Post-LN for the others; :data:`.speed_harness.MODELS`).
+(``residual_transformer --residual-scheme NAME``), measured against the stock transformer it builds on (the
+scheme's ``builds_on``; :data:`.speed_harness.MODELS`). The multi-stream schemes' variants with two streams
+(:data:`.speed_harness.VARIANTS`) are measured when named in ``--models``.
 
 Method: every model of a shape is built up front and primed with one training step (Adam state,
 allocator caches); then each repetition visits every model in turn (round-robin, starting one model
@@ -68,7 +69,7 @@ import warnings
 
 from . import PLUGIN_DIR
 from .speed_compare import GOALS, aa_noise, models_summary, ratios_and_goals
-from .speed_harness import MODELS, SHAPES, load_average, machine_info, measure_shape
+from .speed_harness import DEFAULT_MODELS, MODELS, SHAPES, VARIANTS, load_average, machine_info, measure_shape
 from .speed_report import format_table, load_text, write_json
 
 # CPU / CUDA defaults of the workload sizes (a default CPU run takes a few minutes on 2 cores).
@@ -91,8 +92,9 @@ def get_parser():
                    help="bf16/fp16: torch.autocast with fp32 master weights (fairseq --amp); fp16 needs cuda")
     p.add_argument("--shapes", default="iwslt6,deep24",
                    help=f"comma-separated, from: {', '.join(SHAPES)}")
-    p.add_argument("--models", default=",".join(MODELS),
-                   help="comma-separated subset of the models; a plugin model needs its stock baseline")
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                   help="comma-separated subset of the models (or the variants " + ", ".join(VARIANTS) + "); a plugin model "
+                        "needs its stock baseline")
     p.add_argument("--repeats", type=int, help="timed repetitions (cpu 5, cuda 10)")
     p.add_argument("--warmup", type=int, help="discarded repetitions before the timed ones (cpu 1, cuda 2)")
     p.add_argument("--batch-tokens", type=int,

@@ -5,7 +5,7 @@ import statistics
 
 from fairseq_residual.schemes import SCHEMES
 
-from .speed_harness import MODELS, summarize
+from .speed_harness import MODELS, VARIANTS, summarize
 
 #: Goals per scheme: the smallest ratio to the matching stock model (memory: the largest), for training
 #: throughput, peak training memory and generation throughput. ``post_ln`` and ``pre_ln`` run fairseq's own
@@ -15,6 +15,7 @@ GOALS = {
     "pre_ln": dict(train=0.99, memory=1.05, generate=0.97),
 }
 GOALS.update({s.name: dict(train=0.97, memory=1.05, generate=0.97) for s in SCHEMES if s.name not in GOALS})
+GOALS.update({name: GOALS[scheme] for name, (scheme, _) in VARIANTS.items()})
 METRICS = ("train", "memory", "generate")
 #: the series behind each metric's ratio
 METRIC_KEYS = dict(train="train_tokens_per_s", memory="peak_train_mem_bytes", generate="gen_sentences_per_s")

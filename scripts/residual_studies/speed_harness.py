@@ -34,11 +34,21 @@ MODELS = {
     STOCK_POST: dict(stock=True, normalize_before=False, baseline=None),
     STOCK_PRE: dict(stock=True, normalize_before=True, baseline=None),
 }
-# every registered scheme, against the stock model it is built on (Pre-LN-type schemes: stock Pre-LN)
+# every registered scheme, against the stock transformer it builds on (``builds_on``)
 MODELS.update({
-    s.name: dict(stock=False, scheme=s.name, baseline=STOCK_PRE if s.normalize_before else STOCK_POST)
+    s.name: dict(stock=False, scheme=s.name, baseline=STOCK_PRE if s.builds_on == "pre_ln" else STOCK_POST)
     for s in SCHEMES
 })
+#: the models measured by default: the two stock transformers and every registered scheme
+DEFAULT_MODELS = tuple(MODELS)
+#: variants with other scheme options, measured only when named in --models (the multi-stream schemes'
+#: memory grows with their number of streams n; their default is n = 4): ``{name: (scheme, options)}``
+VARIANTS = {
+    "hyper_connections_n2": ("hyper_connections", ["--hc-streams", "2"]),
+    "mhc_n2": ("mhc", ["--mhc-streams", "2"]),
+}
+for _name, (_scheme, _options) in VARIANTS.items():
+    MODELS[_name] = dict(MODELS[_scheme], options=_options)
 
 #: every measured series; the ``_wall`` ones are by wall clock whatever --clock says
 SERIES = ("train_tokens_per_s", "peak_train_mem_bytes", "gen_sentences_per_s", "train_tokens_per_s_wall",
@@ -88,6 +98,7 @@ def model_cli_args(name, shape, resi_dual_scale, user_dir=PLUGIN_DIR):
         args += ["--arch", "residual_transformer", "--residual-scheme", spec["scheme"]]
         if spec["scheme"] == "resi_dual":
             args += ["--resi-dual-scale", str(resi_dual_scale)]
+        args += spec.get("options", [])
     return args
 
 

@@ -7,12 +7,14 @@ from .speed_compare import goals_text
 from .speed_harness import MODELS
 
 
-def _by_baseline():
-    """``{stock baseline: [plugin models measured against it]}``."""
+def _by_baseline(results):
+    """``{stock baseline: [plugin models of ``results`` measured against it]}``."""
     out = {}
-    for name, spec in MODELS.items():
-        if spec["baseline"]:
-            out.setdefault(spec["baseline"], []).append(name)
+    for res in results["shapes"].values():
+        for name in res["models"]:
+            base = MODELS[name]["baseline"]
+            if base and name not in out.get(base, []):
+                out.setdefault(base, []).append(name)
     return out
 
 
@@ -43,7 +45,7 @@ def format_table(results):
             )
     lines.append("")
     lines.append("ratios: median over repetitions of (model / its stock baseline in the same repetition); "
-                 + "; ".join(f"{', '.join(names)} vs {base}" for base, names in _by_baseline().items()))
+                 + "; ".join(f"{', '.join(names)} vs {base}" for base, names in _by_baseline(results).items()))
     lines.append(f"throughput clock: {results['meta']['clock']}")
     lines.append(f"memory: {results['meta']['memory_measure']}")
     lines.append(f"goals: {goals_text(results['meta'].get('goals'))}")
