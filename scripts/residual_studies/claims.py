@@ -117,11 +117,14 @@ def grid_rows(args):
 # cells
 
 
-def cell_args(args, condition, seed, row=None):
+def cell_args(args, condition, seed, row=None, lr=None):
     """The options of one cell of this grid, for :func:`.cell.settings`, and its depth (``row``: a scheme or
-    an ablation's row, whose model options are added to ``--extra-train-args``)."""
+    an ablation's row, whose model options are added to ``--extra-train-args``; ``lr``: the peak learning
+    rate, default ``--lr``)."""
     depth, warm = CONDITIONS[condition]
     ns = argparse.Namespace(**vars(args))
+    if lr is not None:
+        ns.lr = lr
     ns.warmup = args.warmup if warm else NO_WARMUP_UPDATES
     ns.seed = seed
     ns.depths = [depth]
@@ -131,9 +134,10 @@ def cell_args(args, condition, seed, row=None):
     return ns, depth
 
 
-def read_cell(args, data, row, condition, seed, updates=None):
-    """The result of one finished cell at ``updates`` (default ``--updates``), or None."""
-    ns, depth = cell_args(args, condition, seed, row)
+def read_cell(args, data, row, condition, seed, updates=None, lr=None):
+    """The result of one finished cell at ``updates`` (default ``--updates``) and ``lr`` (default ``--lr``),
+    or None."""
+    ns, depth = cell_args(args, condition, seed, row, lr)
     if updates is not None:
         ns.updates = updates
     r = read_json(cell.result_path(args.out, cell.settings(ns, resolve(row)[0], depth, data)))
@@ -141,10 +145,11 @@ def read_cell(args, data, row, condition, seed, updates=None):
 
 
 def budgets_of_grid(args, data, cells):
-    """The budgets (update counts) at which every cell of the grid has a result, increasing."""
+    """The budgets (update counts) at which every cell of the grid has a result, increasing (``cells``:
+    ``(row, condition, seed)`` or ``(row, condition, seed, lr)``)."""
     common = None
-    for row, cond, seed in cells:
-        ns, depth = cell_args(args, cond, seed, row)
+    for row, cond, seed, *lr in cells:
+        ns, depth = cell_args(args, cond, seed, row, *lr)
         found = cell.budgets(cell.folder(args.out, cell.settings(ns, resolve(row)[0], depth, data)))
         common = found if common is None else common & found
     return sorted(common or ())
@@ -287,8 +292,11 @@ def build_parser():
         description="The ResiDual paper's warm-up and depth claims tested in training: schemes x conditions x "
                     "seeds on the shipped Ding de->en corpus, mean and standard deviation per cell, one verdict "
                     "per claim. Finished cells are skipped when run again; a larger --updates continues every "
-                    "cell from its last checkpoint. --learning-curve measures where BLEU stops moving, the "
-                    "measurement the default budget comes from.",
+                    "cell from its last checkpoint, and the report gives the claims and the valid nll at every "
+                    "budget reached, with a plateau column. --lr-grid adds the per-row learning-rate protocol "
+                    "(the claims under both protocols side by side); --rank ranks every row at one condition; "
+                    "--learning-curve measures where BLEU stops moving, the measurement the default budget "
+                    "comes from.",
         epilog="Cost: see docs/analysis.md (claims study) for the learning curves, the measured CPU-seconds per "
                "update and the arithmetic of the default grid. GPU: --device cuda --width 256 --jobs 8 runs the "
                "cells side by side on one GPU.")
@@ -310,8 +318,29 @@ def build_parser():
                         "--curve-every updates, each translated and scored (learning_curve.md/json/png)")
     p.add_argument("--curve-every", type=options.positive_int, default=DEFAULT_CURVE_EVERY,
                    help=f"with --learning-curve: updates between checkpoints (default {DEFAULT_CURVE_EVERY})")
+    p.add_argument("--lr-grid", type=options.float_list, default=None, metavar="LRS",
+                   help="the per-row learning-rate protocol: peak learning rates to choose from, fixed in advance "
+                        "(e.g. 5e-4,1e-3,2e-3,4e-3). Each row is trained at every one on --select-seed for "
+                        "--select-updates updates at the warm-up condition of each depth; the lowest valid nll "
+                        "wins (a diverged run never wins; equal nll: the smaller rate), then --tune-seeds train at "
+                        "the chosen rate for --updates. The grid at --lr is trained too, and the report puts the "
+                        "claims of both protocols side by side (default: --lr for every row only)")
+    p.add_argument("--select-seed", type=options.nonnegative_int, default=1,
+                   help="with --lr-grid: the seed the learning rate is chosen on (default 1)")
+    p.add_argument("--select-updates", type=options.positive_int, default=DEFAULT_UPDATES,
+                   help=f"with --lr-grid: the budget the learning rate is chosen at (default {DEFAULT_UPDATES})")
+    p.add_argument("--tune-seeds", type=grid.int_list, default=[2, 3, 4],
+                   help="with --lr-grid: the fresh seeds trained at each row's chosen rate (default 2,3,4; "
+                        "not --select-seed)")
+    p.add_argument("--rank", choices=list(CONDITIONS), default=None, metavar="CONDITION",
+                   help="rank the rows of --schemes (all: every registered scheme) at one condition instead "
+                        "of testing the claims: mean ± sd of valid nll, BLEU and chrF, diverged seeds, gradient "
+                        "ratio, top-layer cosine and the paper's IWSLT14 BLEU per row, best first "
+                        "(ranking.md/json/png); with --lr-grid each row at its own chosen rate and --tune-seeds, "
+                        "else at --lr and --seeds. E.g. --rank warm12 --schemes all --lr-grid 5e-4,1e-3,2e-3,4e-3")
     grid.add_cell_arguments(
-        p, out=DEFAULT_OUT, study_options=STUDY_OPTIONS, updates=DEFAULT_UPDATES, max_tokens=DEFAULT_MAX_TOKENS, warmup=DEFAULT_WARMUP,
+        p, out=DEFAULT_OUT, study_options=STUDY_OPTIONS, updates=DEFAULT_UPDATES, max_tokens=DEFAULT_MAX_TOKENS,
+        warmup=DEFAULT_WARMUP,
         bleu_sentences=DEFAULT_BLEU_SENTENCES, lr=DEFAULT_LR, schemes=CLAIM_SCHEMES,
         schemes_help="comma-separated residual schemes, or all for every registered one (default "
                      f"{','.join(CLAIM_SCHEMES)}, the schemes the claims name)")
@@ -322,7 +351,13 @@ def parse_args(argv=None):
     """The parsed options, with ``argv`` (the command line as given, for the reports) and ``device_args``
     (fairseq's device options) added."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.lr_grid and args.select_seed in args.tune_seeds:
+        parser.error(f"--tune-seeds {','.join(map(str, args.tune_seeds))} holds --select-seed {args.select_seed}: "
+                     "the seeds at the chosen rate must be fresh (the choice was made on that seed)")
+    if args.rank:
+        args.conditions = [args.rank]
     args.argv = argv
     args.device_args = () if args.device == "cuda" else ("--cpu",)
     return args

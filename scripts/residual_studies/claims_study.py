@@ -10,13 +10,16 @@ last-layer cosine), and reports mean ± sd per (row, condition) and one verdict 
 Output (default ``runs/claims_study/``): ``data/``, ``cells/`` (one folder per scheme x condition x seed,
 with the cell's files plus ``analysis/analysis.json`` per budget), and ``results.md``, ``results.json``,
 ``claims.png``. Finished cells are skipped: an interrupted study resumes where it stopped; a larger
-``--updates`` continues every cell, and the report then lists the claims at every budget the grid reached;
-``--report-only`` rebuilds the report.
+``--updates`` continues every cell, and the report then lists the claims and the valid nll (with the plateau
+rule, :func:`.claims_report.plateau`) at every budget the grid reached; ``--report-only`` rebuilds the report.
+``--lr-grid`` adds the per-row learning-rate protocol (:mod:`.protocol`: selection, then fresh seeds at each
+row's chosen rate; the report puts the claims of both protocols side by side); ``--rank CONDITION`` ranks the
+rows at one condition instead (:mod:`.ranking`: ``ranking.md``, ``ranking.json``, ``ranking.png``).
 """
 import os
 import time
 
-from . import cell, grid
+from . import cell, grid, protocol, ranking
 from .claims import CONDITIONS, budgets_of_grid, cell_args, grid_rows, read_cell, resolve
 from .claims_report import write_report
 from .files import write_json
@@ -25,16 +28,63 @@ from .runner import ToolError, logger
 log = logger("claims-study")
 
 
-def run_one(args, data, row, condition, seed):
+def run_one(args, data, row, condition, seed, lr=None, updates=None):
     """One cell of the grid, trained (or reused) and analysed: its result with ``scheme`` (the row),
-    ``condition`` and ``seed``."""
-    ns, depth = cell_args(args, condition, seed, row)
-    result = cell.run(ns, data, resolve(row)[0], depth, label=f"{row} {condition} seed {seed}")
+    ``condition`` and ``seed`` (``lr``: the peak learning rate, default ``--lr``; ``updates``: the budget,
+    default ``--updates``)."""
+    ns, depth = cell_args(args, condition, seed, row, lr)
+    if updates is not None:
+        ns.updates = updates
+    label = f"{row} {condition} seed {seed}" + ("" if lr in (None, args.lr) else f" lr {lr:g}")
+    result = cell.run(ns, data, resolve(row)[0], depth, label=label)
     bdir = cell.budget_dir(os.path.join(args.out, "cells", result["cell"]), result["budget"])
     if "diagnostics" not in result:
         result["diagnostics"] = cell.analyze(args, data, bdir)
         write_json(os.path.join(bdir, "result.json"), result)
     return dict(result, scheme=row, condition=condition, seed=seed)
+
+
+def _cells(args, data, cells, updates=None):
+    """The results of ``cells`` (``(row, condition, seed, lr)``, lr None: ``--lr``): read back with
+    ``--report-only`` (missing ones left out), else trained with ``--jobs`` jobs, deepest first. A cell
+    listed twice (the fixed protocol's cell at the chosen rate) is trained once."""
+    if args.report_only:
+        found = [read_cell(args, data, *c[:3], updates=updates, lr=c[3]) for c in cells]
+        return [r for r in found if r]
+    unique = list(dict.fromkeys((r, c, k, args.lr if lr is None else lr) for r, c, k, lr in cells))
+    done = dict(zip(unique, grid.run(lambda c: run_one(args, data, *c, updates=updates), unique, args.jobs,
+                                     first=lambda c: -CONDITIONS[c[1]][0])))
+    return [done[r, c, k, args.lr if lr is None else lr] for r, c, k, lr in cells]
+
+
+def _by_budget(args, data, cells):
+    """``{budget: {(row, condition, seed): result}}`` at every budget all ``cells`` reached."""
+    out = {}
+    for b in budgets_of_grid(args, data, cells):
+        found = [read_cell(args, data, *c[:3], updates=b, lr=c[3] if len(c) > 3 else None) for c in cells]
+        out[b] = {(r["scheme"], r["condition"], r["seed"]): r for r in found if r}
+    return out
+
+
+def select(args, data, rows):
+    """The learning-rate protocol's selection (:mod:`.protocol`): every row at every rate of ``--lr-grid`` on
+    ``--select-seed`` for ``--select-updates`` at the warm-up condition of each depth. Returns ``(the
+    selection table, {(row, selection condition): (lr, reason)})``."""
+    sel = [(r, c, args.select_seed, lr) for c in protocol.selection_conditions(args.conditions)
+           for r in rows for lr in args.lr_grid]
+    log(f"learning-rate selection: {len(sel)} cells ({', '.join(rows)} x lr {','.join(f'{g:g}' for g in args.lr_grid)}"
+        f" at {','.join(protocol.selection_conditions(args.conditions))}, seed {args.select_seed}, "
+        f"{args.select_updates} updates)")
+    found = _cells(args, data, sel, updates=args.select_updates)
+    by = {(r["scheme"], r["condition"], r["settings"]["lr"]): r for r in found}
+    return protocol.selection_table(rows, args.conditions, args.lr_grid, by)
+
+
+def tuned_cells(args, rows, choices):
+    """The protocol's cells: ``(row, condition, seed, chosen lr)`` for every condition and ``--tune-seeds``,
+    for the rows whose selection chose a rate."""
+    return [(r, c, k, choices[r, protocol.SELECTION_CONDITION[c]][0]) for c in args.conditions for r in rows
+            for k in args.tune_seeds if choices[r, protocol.SELECTION_CONDITION[c]][0] is not None]
 
 
 def study(args):
@@ -47,24 +97,69 @@ def study(args):
         for r, c, k in cells:
             ns, depth = cell_args(args, c, k, r)
             print(f"{r} {c} seed {k}: {cell.folder(args.out, cell.settings(ns, resolve(r)[0], depth, data))}")
+        if args.lr_grid:
+            for c in protocol.selection_conditions(args.conditions):
+                for r in rows:
+                    for lr in args.lr_grid:
+                        ns, depth = cell_args(args, c, args.select_seed, r, lr)
+                        print(f"{r} {c} seed {args.select_seed} lr {lr:g} (selection, {args.select_updates} "
+                              f"updates): {cell.folder(args.out, cell.settings(ns, resolve(r)[0], depth, data))}")
+            print(f"then seeds {','.join(map(str, args.tune_seeds))} of every row and condition at the row's "
+                  "chosen learning rate")
         return 0
-    if args.report_only:
-        results = [r for r in (read_cell(args, data, *c) for c in cells) if r]
-        if not results:
-            raise ToolError(f"no finished cell with these settings under {args.out}/cells")
-    else:
+    if args.lr_grid:
+        return study_protocols(args, data, rows, cells, t0)
+    if not args.report_only:
         log(f"{len(cells)} cells: {', '.join(rows)} x conditions {','.join(args.conditions)} x seeds "
             f"{','.join(map(str, args.seeds))}, {args.updates} updates each, {args.jobs} job(s)")
-        # deepest first packs the jobs better
-        results = grid.run(lambda c: run_one(args, data, *c), cells, args.jobs,
-                           first=lambda c: -CONDITIONS[c[1]][0])
-    by_budget = {}
-    for b in budgets_of_grid(args, data, cells):
-        found = [read_cell(args, data, *c, updates=b) for c in cells]
-        by_budget[b] = {(r["scheme"], r["condition"], r["seed"]): r for r in found if r}
-    text = write_report(args, results, time.time() - t0, by_budget)
+    results = _cells(args, data, [(*c, None) for c in cells])
+    if not results:
+        raise ToolError(f"no finished cell with these settings under {args.out}/cells")
+    if args.rank:
+        return _write_ranking(args, results, None, t0)
+    text = write_report(args, results, time.time() - t0, _by_budget(args, data, cells))
     print("\n" + text)
     log(f"wrote {os.path.join(args.out, 'results.md')}, results.json and claims.png "
+        f"({(time.time() - t0) / 60:.1f} min)")
+    return 0
+
+
+def study_protocols(args, data, rows, cells, t0):
+    """``--lr-grid``: the selection, then the fixed protocol's cells and the chosen rates' cells (only the
+    latter with ``--rank``), and the report of both."""
+    table, choices = select(args, data, rows)
+    print("\n" + table + "\n")
+    tuned = tuned_cells(args, rows, choices)
+    fixed = [] if args.rank else [(*c, None) for c in cells]
+    if not args.report_only:
+        log(f"{len(fixed)} cells at lr {args.lr:g} and {len(tuned)} at each row's chosen rate, {args.updates} "
+            f"updates each, {args.jobs} job(s)")
+    found = _cells(args, data, fixed + tuned)
+    results, tuned_results = found[:len(fixed)], found[len(fixed):]
+    if not (results or tuned_results):
+        raise ToolError(f"no finished cell with these settings under {args.out}/cells")
+    lr_by_row = {r: choices[r, protocol.SELECTION_CONDITION[c]][0] for r, c, *_ in tuned}
+    if args.rank:
+        return _write_ranking(args, tuned_results, dict(table=table, lr_by_row=lr_by_row), t0)
+    section = dict(table=table, choices={f"{r} {c}": v for (r, c), v in choices.items()}, results=tuned_results,
+                   by_budget=_by_budget(args, data, tuned), seeds=args.tune_seeds)
+    text = write_report(args, results, time.time() - t0, _by_budget(args, data, cells), protocol=section)
+    print("\n" + text)
+    log(f"wrote {os.path.join(args.out, 'results.md')}, results.json and claims.png "
+        f"({(time.time() - t0) / 60:.1f} min)")
+    return 0
+
+
+def _write_ranking(args, results, tuned, t0):
+    note = (f"Each row at its own learning rate, chosen from {','.join(f'{g:g}' for g in args.lr_grid)} on seed "
+            f"{args.select_seed} at {args.select_updates} updates (selection below); seeds "
+            f"{','.join(map(str, args.tune_seeds))}." if tuned else f"Every row at lr {args.lr:g}; seeds "
+            f"{','.join(map(str, args.seeds))}.")
+    note += f" {args.updates} updates per cell; command: `scripts/claims_study.sh {' '.join(args.argv)}`."
+    text = ranking.write(args.out, results, args.rank, tuned and tuned["lr_by_row"], note,
+                         selection=tuned and tuned["table"])
+    print("\n" + text)
+    log(f"wrote {os.path.join(args.out, 'ranking.md')}, ranking.json and ranking.png "
         f"({(time.time() - t0) / 60:.1f} min)")
     return 0
 

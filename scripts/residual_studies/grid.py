@@ -39,7 +39,8 @@ def add_cell_arguments(p, out, study_options, updates=300, max_tokens=4096, warm
     p.add_argument("--clip-norm", type=nonnegative_float, default=0.0, help="gradient clipping (default 0: off)")
     p.add_argument("--dropout", type=fraction, default=0.1, help="dropout (default 0.1)")
     p.add_argument("--max-tokens", type=positive_int, default=max_tokens, help="tokens per batch (default %(default)s)")
-    p.add_argument("--vocab-size", type=options.at_least(data.MIN_VOCAB), default=4000, help="sentencepiece vocabulary (default 4000)")
+    p.add_argument("--vocab-size", type=options.at_least(data.MIN_VOCAB), default=4000,
+                   help="sentencepiece vocabulary (default 4000)")
     p.add_argument("--bleu-sentences", type=positive_int, default=bleu_sentences,
                    help="translate the first N test sentences for BLEU (default %(default)s)")
     p.add_argument("--beam", type=positive_int, default=4, help="beam size for BLEU (default 4)")

@@ -71,6 +71,14 @@ def int_list(text):
     return unique(values, text)
 
 
+def float_list(text):
+    """Comma-separated finite numbers > 0, each once (a learning-rate grid)."""
+    values = [positive_float(v) for v in text.replace(" ", "").split(",") if v]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    return unique(values, text)
+
+
 def name_list(choices, what, everything=None, empty=False):
     """Comma-separated names from ``choices``, each once (``everything``: a word that means all of them;
     ``empty``: an empty list is allowed)."""

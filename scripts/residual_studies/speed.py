@@ -93,8 +93,8 @@ def get_parser():
     p.add_argument("--shapes", default="iwslt6,deep24",
                    help=f"comma-separated, from: {', '.join(SHAPES)}")
     p.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                   help="comma-separated subset of the models (or the variants " + ", ".join(VARIANTS) + "); a plugin model "
-                        "needs its stock baseline")
+                   help="comma-separated subset of the models (or the variants " + ", ".join(VARIANTS)
+                        + "); a plugin model needs its stock baseline")
     p.add_argument("--repeats", type=int, help="timed repetitions (cpu 5, cuda 10)")
     p.add_argument("--warmup", type=int, help="discarded repetitions before the timed ones (cpu 1, cuda 2)")
     p.add_argument("--batch-tokens", type=int,

@@ -1,0 +1,262 @@
+"""The claims study's per-row learning-rate protocol (``--lr-grid``), its ranking mode (``--rank``) and the
+plateau rule of its budgets.
+
+The selection rule and the ranking are checked on synthetic cells; the study's flow (selection, then the
+fresh seeds at each row's chosen rate, the two protocols side by side) on the real cell logic with a
+stand-in for fairseq-train whose valid nll depends on the scheme and the learning rate; one tiny real run
+trains it all with fairseq.
+"""
+import json
+import math
+import os
+import shlex
+
+import pytest
+
+from residual_studies import cell, claims, claims_report, claims_study, grid, protocol, ranking
+
+
+def _result(scheme, condition, seed, nll, status="ok", lr=2e-3, bleu=1.0, updates=1000):
+    depth = claims.CONDITIONS[condition][0]
+    return dict(scheme=scheme, condition=condition, seed=seed, status=status, reason="", cell=f"{scheme}-{seed}",
+                stats={"valid_nll_loss": nll}, scores={"bleu": bleu, "chrf": 10.0 * bleu},
+                diagnostics=dict(grad_low_top_enc=1.0, grad_low_top_dec=2.0, cos_top_enc=0.5, cos_top_dec=0.6),
+                train_cpu_s=10.0, budget=updates, reached=updates, train_s=10.0,
+                settings=dict(scheme=scheme, depth=depth, width=64, ffn_dim=128, heads=4, dropout=0.1, lr=lr,
+                              max_tokens=2048, updates=updates, beam=4, bleu_sentences=5, warmup=300,
+                              clip_norm=0.0, seed=seed))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the selection rule
+
+
+@pytest.mark.parametrize("nll_by_lr, chosen", [
+    ({5e-4: ("ok", 6.2), 1e-3: ("ok", 6.0), 2e-3: ("ok", 6.1)}, 1e-3),      # the lowest valid nll
+    ({1e-3: ("ok", 6.0), 2e-3: ("ok", 6.0), 4e-3: ("ok", 6.3)}, 1e-3),      # a tie: the smaller rate
+    ({1e-3: ("ok", 6.5), 4e-3: ("diverged", 3.0)}, 1e-3),                   # a diverged run never wins
+    ({1e-3: ("failed", None), 2e-3: ("ok", math.nan), 4e-3: ("ok", 7.0)}, 4e-3),  # nor a failed or NaN one
+    ({1e-3: ("diverged", None), 2e-3: ("failed", None)}, None),             # nothing trained: no choice
+])
+def test_choose_takes_the_lowest_valid_nll_of_a_run_that_trained(nll_by_lr, chosen):
+    lr, why = protocol.choose(nll_by_lr)
+    assert lr == chosen
+    assert ("no learning rate" in why) == (chosen is None)
+
+
+def test_selection_on_a_synthetic_grid_chooses_per_row_and_depth():
+    """Post-LN is best at the smallest rate, Pre-LN at the largest, ResiDual in between; at 12 layers
+    Pre-LN's best moves down; a no-warm-up condition takes its depth's choice."""
+    nll = {("post_ln", 5e-4): 6.0, ("post_ln", 1e-3): 6.2, ("post_ln", 2e-3): 6.9, ("post_ln", 4e-3): None,
+           ("pre_ln", 5e-4): 6.5, ("pre_ln", 1e-3): 6.3, ("pre_ln", 2e-3): 6.1, ("pre_ln", 4e-3): 5.9,
+           ("resi_dual", 5e-4): 6.4, ("resi_dual", 1e-3): 6.0, ("resi_dual", 2e-3): 6.2, ("resi_dual", 4e-3): 6.6}
+    grid_lrs = [5e-4, 1e-3, 2e-3, 4e-3]
+    cells = {}
+    for (row, lr), v in nll.items():
+        cells[row, "warm6", lr] = _result(row, "warm6", 1, v, "ok" if v else "diverged", lr)
+        deep = None if v is None else (v + 0.5 if (row, lr) == ("pre_ln", 4e-3) else v)
+        cells[row, "warm12", lr] = _result(row, "warm12", 1, deep, "ok" if v else "diverged", lr)
+    table, choices = protocol.selection_table(["post_ln", "pre_ln", "resi_dual"], ["warm6", "nowarm6", "warm12"],
+                                              grid_lrs, cells)
+    assert {k: v[0] for k, v in choices.items()} == {
+        ("post_ln", "warm6"): 5e-4, ("pre_ln", "warm6"): 4e-3, ("resi_dual", "warm6"): 1e-3,
+        ("post_ln", "warm12"): 5e-4, ("pre_ln", "warm12"): 2e-3, ("resi_dual", "warm12"): 1e-3}
+    assert protocol.selection_conditions(["nowarm6", "warm12", "warm6"]) == ["warm6", "warm12"]
+    assert "| Post-LN | warm6 | **6.000** | 6.200 | 6.900 | diverged | 0.0005 |" in table
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the study's flow, on a stand-in for fairseq-train
+
+
+#: valid nll by (scheme, learning rate): Post-LN learns best at 1e-3 and diverges at 4e-3, Pre-LN is best at
+#: 4e-3; the seed and the warm-up move it a little
+FAKE_NLL = {("post_ln", 1e-3): 6.0, ("post_ln", 4e-3): "nan", ("pre_ln", 1e-3): 6.4, ("pre_ln", 4e-3): 5.8}
+
+
+class FakeTrain:
+    """fairseq-train for ``run_logged``: the log lines of a run to ``--max-update`` and a checkpoint, with the
+    valid nll of :data:`FAKE_NLL` (+0.01 x seed, +0.2 without warm-up)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, cmd, log_path, threads, append=False):
+        opt = lambda name: cmd[cmd.index(name) + 1]  # noqa: E731
+        scheme, lr, seed, updates = opt("--residual-scheme"), float(opt("--lr")), int(opt("--seed")), \
+            int(opt("--max-update"))
+        self.calls.append((scheme, lr, seed, int(opt("--warmup-updates")), updates))
+        outcome = FAKE_NLL[scheme, lr]
+        with open(log_path, "a" if append else "w", encoding="utf-8") as log:
+            log.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
+            if outcome == "nan":
+                log.write('| train_inner | {"num_updates": "1", "loss": "nan"}\n')
+                log.write("FloatingPointError: gradients are Nan/Inf\n")
+                return 1, 1.0
+            nll = outcome + 0.01 * seed + (0.2 if opt("--warmup-updates") == "1" else 0.0)
+            for u in range(1, updates + 1):
+                log.write(f'| train_inner | {{"num_updates": "{u}", "loss": "{nll + 1}"}}\n')
+            log.write(f'| valid | {{"valid_loss": "{nll + 0.5}", "valid_nll_loss": "{nll}", '
+                      f'"valid_ppl": "{2 ** nll}", "valid_num_updates": "{updates}"}}\n')
+        with open(os.path.join(opt("--save-dir"), "checkpoint_last.pt"), "w") as f:
+            f.write(str(updates))
+        return 0, 1.0
+
+
+@pytest.fixture
+def fake_study(tmp_path, monkeypatch):
+    """The claims study on :class:`FakeTrain`, without data preparation, translation or analysis."""
+    fake = FakeTrain()
+    monkeypatch.setattr(cell, "run_logged", fake)
+    monkeypatch.setattr(cell, "translate_and_score", lambda *a, **k: {"bleu": 1.0, "chrf": 10.0})
+    monkeypatch.setattr(cell, "analyze", lambda *a, **k: None)
+
+    def start(args, log):
+        args.out = os.path.abspath(args.out)
+        os.makedirs(args.out, exist_ok=True)
+        return dict(bin="bin", fingerprint="f", bleu_sentences=5, vocab=200)
+
+    monkeypatch.setattr(grid, "start", start)
+
+    def run(*argv):
+        args = claims.parse_args(["--out", str(tmp_path / "study"), "--updates", "4", "--select-updates", "4",
+                                  "--jobs", "1", *map(str, argv)])
+        assert claims_study.study(args) == 0
+        return tmp_path / "study"
+
+    return fake, run
+
+
+def test_each_row_trains_fresh_seeds_at_its_own_chosen_rate(fake_study):
+    fake, run = fake_study
+    out = run("--schemes", "post_ln,pre_ln", "--conditions", "warm6,nowarm6", "--seeds", "1,2",
+              "--lr-grid", "1e-3,4e-3", "--tune-seeds", "2,3", "--lr", "1e-3")
+    selection = [c for c in fake.calls if c[2] == 1 and c[3] == 300]
+    assert sorted(selection) == [("post_ln", 1e-3, 1, 300, 4), ("post_ln", 4e-3, 1, 300, 4),
+                                 ("pre_ln", 1e-3, 1, 300, 4), ("pre_ln", 4e-3, 1, 300, 4)]
+    # the chosen rates differ per scheme; the no-warm-up condition uses warm6's choice; seed 2 at the fixed
+    # rate 1e-3 is Post-LN's chosen cell too, trained once
+    tuned = {(s, lr, seed, w) for s, lr, seed, w, _ in fake.calls if seed in (2, 3)}
+    assert tuned == {("post_ln", 1e-3, 2, 300), ("post_ln", 1e-3, 3, 300), ("post_ln", 1e-3, 2, 1),
+                     ("post_ln", 1e-3, 3, 1), ("pre_ln", 4e-3, 2, 300), ("pre_ln", 4e-3, 3, 300),
+                     ("pre_ln", 4e-3, 2, 1), ("pre_ln", 4e-3, 3, 1), ("pre_ln", 1e-3, 2, 300), ("pre_ln", 1e-3, 2, 1)}
+    assert len(fake.calls) == len(set(fake.calls))
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["protocol"]["choices"]["post_ln warm6"][0] == 1e-3
+    assert saved["protocol"]["choices"]["pre_ln warm6"][0] == 4e-3
+    assert {(c["scheme"], c["settings"]["lr"]) for c in saved["protocol"]["cells"]} == {("post_ln", 1e-3),
+                                                                                         ("pre_ln", 4e-3)}
+    text = (out / "results.md").read_text()
+    assert "## Each row at its own learning rate" in text and "## The claims under both protocols" in text
+    assert "| Post-LN | warm6 | **6.010** | diverged | 0.001 |" in text
+    # the fixed protocol's cells are the report's main grid, as without --lr-grid
+    assert {(c["scheme"], c["settings"]["lr"]) for c in saved["cells"]} == {("post_ln", 1e-3), ("pre_ln", 1e-3)}
+
+    # --report-only rebuilds the same report from the finished cells, training nothing
+    n = len(fake.calls)
+    run("--schemes", "post_ln,pre_ln", "--conditions", "warm6,nowarm6", "--seeds", "1,2", "--lr-grid",
+        "1e-3,4e-3", "--tune-seeds", "2,3", "--lr", "1e-3", "--report-only")
+    assert len(fake.calls) == n and json.loads((out / "results.json").read_text())["protocol"]["choices"] == \
+        saved["protocol"]["choices"]
+
+
+def test_rank_mode_ranks_every_row_at_its_chosen_rate(fake_study):
+    fake, run = fake_study
+    out = run("--schemes", "post_ln,pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3", "--tune-seeds", "2,3")
+    saved = json.loads((out / "ranking.json").read_text())
+    assert [(r["row"], r["lr"], r["rank"]) for r in saved["rows"]] == [("pre_ln", 4e-3, 1), ("post_ln", 1e-3, 2)]
+    assert all(c[3] == 300 for c in fake.calls)  # warm6 only, no fixed-protocol grid
+    text = (out / "ranking.md").read_text()
+    assert "How each row's learning rate was chosen" in text and (out / "ranking.png").exists()
+    assert not (out / "results.md").exists()
+
+
+def test_a_selection_seed_among_the_fresh_seeds_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        claims.parse_args(["--lr-grid", "1e-3,2e-3", "--tune-seeds", "1,2,3"])
+    assert "must be fresh" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        claims.parse_args(["--lr-grid", "1e-3,1e-3"])
+    assert "twice" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------------------------
+# ranking
+
+
+def test_ranking_orders_by_valid_nll_with_rows_diverged_in_most_seeds_last():
+    results = [_result("pre_ln", "warm12", s, 6.0 + 0.01 * s) for s in (1, 2, 3)]
+    results += [_result("resi_dual", "warm12", s, 5.9 + 0.01 * s) for s in (1, 2, 3)]
+    results += [_result("post_ln", "warm12", s, 5.0, "diverged" if s > 1 else "ok") for s in (1, 2, 3)]
+    rows = ranking.rank(results, "warm12")
+    assert [(r["row"], r["rank"], r["diverged"]) for r in rows] == [("resi_dual", 1, 0), ("pre_ln", 2, 0),
+                                                                    ("post_ln", 3, 2)]
+    assert rows[0]["valid_nll"][0] == pytest.approx(5.92) and rows[0]["valid_nll"][2] == 3
+    assert rows[0]["paper"] == 36.09 and rows[2]["paper"] == "fail"  # the paper's IWSLT14 12+12 numbers
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the plateau rule of the budgets
+
+
+@pytest.mark.parametrize("means, expected", [
+    ({3000: 6.0, 4000: 5.99}, 4000),                 # less than 0.03 bits lower at 4000
+    ({2000: 6.0, 3000: 5.99}, None),                 # never before 4000
+    ({3000: 6.0, 4000: 5.9, 5000: 5.88}, 5000),      # still moving at 4000, stopped at 5000
+    ({3000: 6.0, 4000: 6.1}, 4000),                  # above it: stopped
+    ({3000: 6.0, 4000: 5.96, 5000: 5.93}, None),     # 0.03 or more below: moving
+    ({3000: None, 4000: 5.99, 5000: None}, None),    # a budget without a number decides nothing
+    ({2000: 6.0, 4000: 5.99}, None),                 # B - 1000 not measured
+])
+def test_plateau_rule(means, expected):
+    assert claims_report.plateau(means) == expected
+
+
+def test_the_report_shows_valid_nll_at_every_budget_with_the_plateau_column(tmp_path):
+    by_budget = {}
+    for b, nll in ((3000, 6.0), (4000, 5.99), (5000, 5.985)):
+        by_budget[b] = {("pre_ln", "warm6", s): _result("pre_ln", "warm6", s, nll + 0.01 * s, updates=b)
+                        for s in (1, 2, 3)}
+        by_budget[b].update({("post_ln", "warm6", s): _result("post_ln", "warm6", s, nll - 0.1 * (b / 1000),
+                                                             updates=b) for s in (1, 2, 3)})
+    args = claims.parse_args(["--out", str(tmp_path), "--conditions", "warm6"])
+    results = list(by_budget[5000].values())
+    text = claims_report.write_report(args, results, wall_s=1, by_budget=by_budget)
+    assert "| Pre-LN | warm6 | 6.020 | 6.010 | 6.005 | stopped at 4000 |" in text
+    assert "| Post-LN | warm6 | 5.700 | 5.590 | 5.485 | moving |" in text
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["plateau"]["pre_ln warm6"]["plateau"] == 4000
+    # one budget: no such table, the report as before
+    assert "stopped moving" not in claims_report.write_report(args, results, wall_s=1,
+                                                              by_budget={5000: by_budget[5000]})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# one tiny real run
+
+
+@pytest.mark.slow
+def test_a_tiny_real_protocol_run(tmp_path, corpus_head):
+    """Pre-LN at two learning rates on a 300-pair corpus head, 6 updates each, then one fresh seed at the
+    chosen rate: real fairseq training, translation and analysis (three cells); then the same cells ranked,
+    training nothing more."""
+    data = corpus_head(300, 20, 20)
+    base = ["--data", data, "--out", tmp_path / "study", "--schemes", "pre_ln", "--lr-grid", "1e-3,3e-3",
+            "--tune-seeds", "2", "--updates", "6", "--select-updates", "6", "--warmup", "3", "--width", "16",
+            "--heads", "2", "--vocab-size", "200", "--bleu-sentences", "5", "--max-tokens", "512",
+            "--log-interval", "1", "--jobs", "2", "--lr", "1e-3"]  # the fixed protocol's cell is a selection cell
+    args = claims.parse_args([str(a) for a in base + ["--conditions", "warm6", "--seeds", "1"]])
+    assert claims_study.main(args) == 0
+    saved = json.loads((tmp_path / "study" / "results.json").read_text())
+    lr = saved["protocol"]["choices"]["pre_ln warm6"][0]
+    assert lr in (1e-3, 3e-3)
+    (tuned,) = saved["protocol"]["cells"]
+    assert tuned["seed"] == 2 and tuned["settings"]["lr"] == lr and tuned["status"] == "ok"
+    assert tuned["scores"]["bleu"] is not None and tuned["diagnostics"]["cos_top_dec"] is not None
+    cells = sorted(os.listdir(tmp_path / "study" / "cells"))
+    assert len(cells) == 3
+    args = claims.parse_args([str(a) for a in base + ["--rank", "warm6"]])
+    assert claims_study.main(args) == 0
+    assert sorted(os.listdir(tmp_path / "study" / "cells")) == cells
+    (row,) = json.loads((tmp_path / "study" / "ranking.json").read_text())["rows"]
+    assert row["row"] == "pre_ln" and row["lr"] == lr and row["seeds"] == 1
