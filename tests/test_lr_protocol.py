@@ -160,6 +160,16 @@ def test_each_row_trains_fresh_seeds_at_its_own_chosen_rate(fake_study):
         saved["protocol"]["choices"]
 
 
+def test_dry_run_lists_the_selection_cells_and_trains_nothing(fake_study, capsys):
+    fake, run = fake_study
+    run("--schemes", "post_ln", "--conditions", "nowarm6,warm12", "--lr-grid", "1e-3,4e-3", "--dry-run")
+    out = capsys.readouterr().out
+    assert "post_ln warm6 seed 1 lr 0.004 (selection, 4 updates)" in out
+    assert "post_ln warm12 seed 1 lr 0.001 (selection, 4 updates)" in out
+    assert "then seeds 2,3,4 of every row and condition at the row's chosen learning rate" in out
+    assert fake.calls == []
+
+
 def test_rank_mode_ranks_every_row_at_its_chosen_rate(fake_study):
     fake, run = fake_study
     out = run("--schemes", "post_ln,pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3", "--tune-seeds", "2,3")

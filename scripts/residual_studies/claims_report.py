@@ -166,7 +166,8 @@ def protocol_lines(args, fixed_found, section, schemes, conditions):
         a, b = _verdict_text(c), _verdict_text(t) if t else "-"
         same = "-" if t is None else ("same" if _verdict(c) == _verdict(t) else "**differs**")
         table.append([c["claim"], a, b, same])
-    lines.append(markdown_table(["claim", f"lr {args.lr:g}", "own lr", "verdict"], table, ["l", "l", "l", "l"]))
+    lines.append(markdown_table(["claim", f"lr {args.lr:g}", "own lr", "verdict"], table, ["l", "l", "l", "l"])
+                 if table else "No claim of the paper can be tested with these conditions.")
     if len(section["by_budget"]) > 1 and claims(section["by_budget"][max(section["by_budget"])], conditions):
         lines += ["", "At every budget the chosen rates' grid reached:", "",
                   claims_by_budget(section["by_budget"], conditions)]

@@ -136,7 +136,7 @@ def study_protocols(args, data, rows, cells, t0):
             f"updates each, {args.jobs} job(s)")
     found = _cells(args, data, fixed + tuned)
     results, tuned_results = found[:len(fixed)], found[len(fixed):]
-    if not (results or tuned_results):
+    if not (tuned_results if args.rank else results):
         raise ToolError(f"no finished cell with these settings under {args.out}/cells")
     lr_by_row = {r: choices[r, protocol.SELECTION_CONDITION[c]][0] for r, c, *_ in tuned}
     if args.rank:
@@ -151,6 +151,8 @@ def study_protocols(args, data, rows, cells, t0):
 
 
 def _write_ranking(args, results, tuned, t0):
+    """``--rank``: :func:`.ranking.write` of ``results`` (``tuned``: the selection's ``table`` and ``lr_by_row``,
+    or None for the fixed rate); returns the exit status."""
     note = (f"Each row at its own learning rate, chosen from {','.join(f'{g:g}' for g in args.lr_grid)} on seed "
             f"{args.select_seed} at {args.select_updates} updates (selection below); seeds "
             f"{','.join(map(str, args.tune_seeds))}." if tuned else f"Every row at lr {args.lr:g}; seeds "
