@@ -223,7 +223,7 @@ def apply_profile(stack, ratios) -> None:
         for omega, r in zip(omega_parameters(stack), ratios):
             omega.fill_(float(r))
         prof = stack.residual.profile
-        prof.copy_(torch.tensor([float(r) for r in ratios], dtype=prof.dtype))
+        prof.copy_(torch.tensor([float(r) for r in ratios], dtype=prof.dtype, device=prof.device))
         stack.residual.profiled.fill_(1)
 
 
