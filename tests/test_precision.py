@@ -367,3 +367,25 @@ def test_fp16_on_a_cpu_warns_about_fairseqs_overflow_handler(caplog):
     with caplog.at_level(logging.WARNING):
         build_model("residual_transformer_tiny", "--memory-efficient-bf16", "--cpu")
     assert "cuda()" not in caplog.text
+
+
+def test_admins_bf16_refusal_says_what_memory_efficient_bf16_does_to_the_omegas():
+    """Admin refuses --bf16 (fairseq's master copy would overwrite its profile) and names the alternatives; the
+    one without a master copy keeps the profile but freezes the omegas: bf16 weights take no update below half
+    their spacing, 2^-9 of their size (0.003 at omega 1.5), and Adam moves a weight by about lr = 1e-3."""
+    with pytest.raises(ValueError) as refusal:
+        build_model("residual_transformer_tiny", "--residual-scheme", "admin", "--bf16")
+    assert "--admin-profile" in str(refusal.value) and "--memory-efficient-bf16" in str(refusal.value)
+    assert "2^-9" in str(refusal.value)
+
+    tr, d = trainer("admin", "--memory-efficient-bf16")
+    batches = samples(d, 3)
+    tr.train_step([batches[0]])
+    model = tr.get_model()
+    omegas = {n: p.detach().clone() for n, p in model.named_parameters() if n.endswith(".omega")}
+    weights = {n: p.detach().clone() for n, p in model.named_parameters() if n.endswith("fc1.weight")}
+    for b in batches[1:]:
+        tr.train_step([b])
+    params = dict(model.named_parameters())
+    assert all(torch.equal(params[n], v) for n, v in omegas.items())  # frozen at their profile
+    assert not any(torch.equal(params[n], v) for n, v in weights.items())  # small weights still train
