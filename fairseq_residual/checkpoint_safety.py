@@ -14,10 +14,14 @@ for every entry point (fairseq-train, fairseq-hydra-train, scripts, several rank
    that is then renamed over the destination (``os.replace``, atomic on POSIX), so a destination is
    always either its old complete version or the new complete one.
 2. :func:`load_checkpoint`: when training resumes from the default ``checkpoint_last.pt``, it resumes from
-   the newest *complete* checkpoint of the save dir instead, if that is not ``checkpoint_last.pt``: a
-   truncated ``checkpoint_last.pt`` (left by a kill under stock fairseq), a missing one (a kill before the
-   first copy finished) or an older one (a kill between ``checkpointN.pt`` and its copy) would otherwise
-   lose work or crash. A warning names the checkpoint used.
+   the complete *training checkpoint of this run* with the most updates instead, if that is not
+   ``checkpoint_last.pt``: a truncated ``checkpoint_last.pt`` (left by a kill under stock fairseq), a
+   missing one (a kill before the first copy finished) or an older one (a kill between ``checkpointN.pt``
+   and its copy) would otherwise lose work or crash. A warning names the checkpoint used. A training
+   checkpoint has a name fairseq's training writes, an update count, optimizer state, and a model state
+   that loads into this run's model; an averaged checkpoint in the save dir (``checkpoint_avg10.pt``,
+   ``checkpoint.avg10.pt``) or one of another model copied there is never resumed from (it would restart
+   the schedule, or continue from weights no optimizer state belongs to), and is named in the log.
 3. :func:`load_checkpoint_to_cpu`: a checkpoint that cannot be read because it was cut short raises
    :class:`TruncatedCheckpointError` naming the file, its size and the complete checkpoints beside it,
    instead of ``EOFError``.
@@ -28,8 +32,13 @@ import glob
 import logging
 import os
 import pickle
+import re
 import shutil
 import zipfile
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
 
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
@@ -93,49 +102,240 @@ class _AtomicCopyPathManager(PathManager):
     copy = staticmethod(atomic_copy)
 
 
-def newest_complete_checkpoint(save_dir: str, suffix: str = ""):
-    """The checkpoint to resume from in ``save_dir``: the newest complete ``checkpoint*.pt``, or None."""
-    found = checkpoints_in(save_dir, suffix)
-    return found[0] if found else None
+#: fairseq's names for the checkpoints a training run writes (``checkpoint_utils.save_checkpoint``):
+#: ``checkpointE``, ``checkpoint_E_U``, ``checkpoint_best``, ``checkpoint.best_METRIC_VALUE`` and
+#: ``checkpoint_last``, each followed by the run's checkpoint suffix and ``.pt``
+_TRAINING_NAME = r"checkpoint(?:\d+|_\d+_\d+|_best|_last|\.best_.+_-?\d+\.?\d*){suffix}\.pt"
+
+
+def is_training_checkpoint_name(name: str, suffix: str = "") -> bool:
+    """True if ``name`` (a file name, no directory) is a name fairseq gives the checkpoints of a training run
+    with checkpoint suffix ``suffix``; False for anything else written into a save dir, such as an averaged
+    checkpoint (``checkpoint_avg10.pt``, ``checkpoint.avg10.pt``, ``checkpoint_last10_avg.pt``)."""
+    return re.fullmatch(_TRAINING_NAME.format(suffix=re.escape(suffix)), name) is not None
+
+
+@dataclass
+class ResumeCandidate:
+    """A complete ``checkpoint*.pt`` of a save dir, as the resume logic sees it.
+
+    Attributes:
+        path: the file.
+        num_updates: its update count (``optimizer_history[-1]["num_updates"]``), None if it has none or
+            could not be read.
+        mtime: its modification time.
+        problem: why it may not be resumed from (None: it may), e.g. "has no optimizer state".
+        by_name: True if ``problem`` is its file name alone (not a name fairseq's training writes).
+    """
+
+    path: str
+    num_updates: Optional[int]
+    mtime: float
+    problem: Optional[str] = None
+    by_name: bool = False
+
+
+def _misfit(saved: dict, model) -> Optional[str]:
+    """Why the model state ``saved`` (a checkpoint's ``model``) is not of this run's ``model``, or None.
+
+    Compares the residual scheme of each stack (this plugin's ``residual_scheme_id`` buffers, when both
+    have them), then the shapes of every tensor of more than one element, as a multiset: names are not
+    compared, so the renames that the model's ``upgrade_state_dict`` applies to checkpoints of earlier
+    versions do not count, and that upgrade (which may change the model it runs on) is not called.
+    """
+    from collections import Counter
+
+    from .schemes import scheme_by_id
+
+    own = model.state_dict()
+    for stack in ("encoder", "decoder"):
+        key = f"{stack}.residual_scheme_id"
+        if key in own and torch.is_tensor(saved.get(key)) and int(saved[key]) != int(own[key]):
+            try:
+                theirs = scheme_by_id(int(saved[key])).name
+            except ValueError:
+                theirs = f"id {int(saved[key])}"
+            return (f"its {stack} was trained with residual scheme '{theirs}', this run's uses "
+                    f"'{scheme_by_id(int(own[key])).name}'")
+
+    def shapes(state):
+        return Counter(tuple(t.shape) for t in state.values() if torch.is_tensor(t) and t.numel() > 1)
+
+    if shapes(saved) == shapes(own):
+        return None
+    named = [f"{k} has shape {tuple(saved[k].shape)}, this run's {tuple(own[k].shape)}" for k in own
+             if torch.is_tensor(saved.get(k)) and tuple(saved[k].shape) != tuple(own[k].shape)]
+    if not named:
+        extra, lacking = shapes(saved) - shapes(own), shapes(own) - shapes(saved)
+        named = [f"tensor shapes differ (it has {dict(extra) or 'none'} that this run does not, and lacks "
+                 f"{dict(lacking) or 'none'})"]
+    return "another model: " + "; ".join(named[:3]) + (" ..." if len(named) > 3 else "")
+
+
+def inspect_checkpoint(path: str, model=None, need_optimizer_state: bool = True,
+                       suffix: str = "") -> ResumeCandidate:
+    """Whether the complete checkpoint ``path`` may be resumed from, and its update count.
+
+    Only a checkpoint that fairseq's training wrote for *this* run may be: a training name
+    (:func:`is_training_checkpoint_name`), an update count, optimizer state (unless the run saves none:
+    ``--no-save-optimizer-state``) and, when ``model`` is given, a model state that loads into ``model``
+    (same residual schemes and tensor shapes; see :func:`_misfit`). An averaged checkpoint
+    (fairseq's ``scripts/average_checkpoints.py`` or this project's, which drops the optimizer state)
+    has averaged weights that no optimizer state belongs to: never a candidate.
+
+    The file is read with ``torch.load(mmap=True, weights_only=True)``: only its pickled structure is
+    parsed, its tensors are not read.
+    """
+    name = os.path.basename(path)
+    mtime = os.path.getmtime(path)
+    if not is_training_checkpoint_name(name, suffix):
+        return ResumeCandidate(path, None, mtime, "its name is none that fairseq gives a training checkpoint "
+                               "(checkpoint_last, checkpoint_best, checkpointE, checkpoint_E_U, checkpoint.best_*); "
+                               "e.g. an averaged checkpoint, which is for decoding only", by_name=True)
+    try:
+        try:
+            state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        except (OSError, RuntimeError, ValueError):  # e.g. a file system without mmap: read it whole
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # unreadable for the safe loader: fairseq's load would fail on it too
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        return ResumeCandidate(path, None, mtime, f"it cannot be read ({type(exc).__name__}: {reason})")
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        return ResumeCandidate(path, None, mtime, "it holds no fairseq model state")
+    try:
+        num_updates = int(state["optimizer_history"][-1]["num_updates"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return ResumeCandidate(path, None, mtime, "it has no update count (optimizer_history)")
+    if need_optimizer_state and state.get("last_optimizer_state") is None:
+        return ResumeCandidate(path, num_updates, mtime, "it has no optimizer state (e.g. an averaged checkpoint, "
+                               "for decoding only)")
+    if model is not None:
+        misfit = _misfit(state["model"], model)
+        if misfit:
+            return ResumeCandidate(path, num_updates, mtime, misfit)
+    return ResumeCandidate(path, num_updates, mtime)
+
+
+def resume_candidates(save_dir: str, suffix: str = "", model=None, need_optimizer_state: bool = True):
+    """The checkpoints of ``save_dir`` that a resumed run may start from, best first, and the others.
+
+    Returns:
+        ``(candidates, rejected)``: lists of :class:`ResumeCandidate` of the complete ``checkpoint*.pt``
+        files; ``candidates`` ordered by update count (most first), then ``checkpoint_last`` first, then
+        the files fairseq saves directly (``checkpointE``, ``checkpoint_E_U``) before its copies
+        (``checkpoint_best``, ``checkpoint.best_*``, which users sometimes overwrite with an averaged
+        model), then newest written first; ``rejected`` (each with its ``problem``) newest first.
+    """
+    last = f"checkpoint_last{suffix}.pt"
+    direct = re.compile(rf"checkpoint(?:\d+|_\d+_\d+){re.escape(suffix)}\.pt")
+    found = [inspect_checkpoint(p, model, need_optimizer_state, suffix)
+             for p in checkpoints_in(save_dir)]
+    candidates = sorted(
+        (c for c in found if c.problem is None),
+        key=lambda c: (c.num_updates, os.path.basename(c.path) == last,
+                       direct.fullmatch(os.path.basename(c.path)) is not None, c.mtime),
+        reverse=True,
+    )
+    rejected = [c for c in found if c.problem is not None]
+    return candidates, rejected
 
 
 def load_checkpoint(cfg, trainer, **passthrough_args):
-    """fairseq's ``checkpoint_utils.load_checkpoint``, resuming from the newest complete checkpoint.
+    """fairseq's ``checkpoint_utils.load_checkpoint``, resuming from the right checkpoint of a save dir.
 
     Only the default ``--restore-file checkpoint_last.pt`` is redirected; an explicit ``--restore-file``,
-    ``--finetune-from-model`` on a first launch, and ``--continue-once`` are fairseq's. ``cfg.restore_file``
-    is set back after loading, so the redirection is not saved into later checkpoints.
+    ``--finetune-from-model`` on a first launch, and ``--continue-once`` are fairseq's. The run resumes from
+    the training checkpoint of this run with the most updates (:func:`resume_candidates`), which is
+    ``checkpoint_last.pt`` unless a kill left it truncated, missing or older; a warning names the
+    checkpoint used and why. A ``checkpoint*.pt`` that is no training checkpoint of this run (an averaged
+    checkpoint, one of another model copied in) is never resumed from: a checkpoint with a training name
+    is named in a warning, any other one that is newer than the one resumed from in an info line.
+    ``cfg.restore_file`` is set back after loading, so the redirection is not saved into later checkpoints.
+
+    Raises:
+        TruncatedCheckpointError: ``checkpoint_last.pt`` is truncated and no checkpoint of the save dir
+            may be resumed from.
     """
     suffix = trainer.checkpoint_suffix or ""
     last = os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt")
     if cfg.restore_file != "checkpoint_last.pt" or PathManager.path_requires_pathmanager(last):
         return _stock_load_checkpoint(cfg, trainer, **passthrough_args)
-    newest = newest_complete_checkpoint(cfg.save_dir, suffix)
-    if newest is None or os.path.abspath(newest) == os.path.abspath(last):
-        if os.path.exists(last) and newest is None:
+    # a sharded model's state_dict is collective or partial: checked by name and optimizer state only
+    sharded = getattr(trainer, "is_fsdp", False) or getattr(
+        trainer.cfg.common, "model_parallel_size", 1) > 1
+    model = None if sharded else trainer.get_model()
+    candidates, rejected = resume_candidates(
+        cfg.save_dir, suffix, model, need_optimizer_state=not getattr(cfg, "no_save_optimizer_state", False)
+    )
+    chosen = candidates[0] if candidates else None
+    last_exists, last_complete = os.path.exists(last), is_complete_checkpoint(last)
+    for c in rejected:
+        if chosen is None and os.path.abspath(c.path) == os.path.abspath(last):
+            continue  # fairseq loads (or refuses) it itself, as without the plugin
+        if not c.by_name:
+            logger.warning(f"{c.path} is not a training checkpoint of this run, not resumed from: {c.problem} "
+                           f"(move it out of {cfg.save_dir} to silence this)")
+        elif chosen is None or c.mtime > chosen.mtime:
+            logger.info(f"{os.path.basename(c.path)} is not a training checkpoint, not resumed from: {c.problem}")
+    if chosen is None or os.path.abspath(chosen.path) == os.path.abspath(last):
+        if last_exists and not last_complete and chosen is None:
             raise TruncatedCheckpointError(
                 f"{last} is incomplete ({os.path.getsize(last)} bytes; cut short while it was written) "
-                f"and {cfg.save_dir} holds no complete checkpoint to resume from: move it away to train "
-                f"from scratch, or point --save-dir elsewhere"
+                f"and {cfg.save_dir} holds no complete checkpoint of this run to resume from: move it away "
+                f"to train from scratch, or point --save-dir elsewhere"
             )
         return _stock_load_checkpoint(cfg, trainer, **passthrough_args)
-    if not os.path.exists(last) and getattr(cfg, "finetune_from_model", None):
+    if not last_exists and getattr(cfg, "finetune_from_model", None):
         return _stock_load_checkpoint(cfg, trainer, **passthrough_args)
+    last_info = next((c for c in rejected if os.path.abspath(c.path) == os.path.abspath(last)), None)
+    last_updates = next((c.num_updates for c in candidates if os.path.abspath(c.path) == os.path.abspath(last)), None)
     why = (
-        "is incomplete (cut short while it was written)" if os.path.exists(last) and not is_complete_checkpoint(last)
-        else "is missing" if not os.path.exists(last)
-        else "is older than it"
+        "is missing" if not last_exists
+        else "is incomplete (cut short while it was written)" if not last_complete
+        else f"is not a training checkpoint of this run ({last_info.problem})" if last_info is not None
+        else f"is older than it (update {last_updates})"
     )
     logger.warning(
-        f"resuming from {newest}, the newest complete checkpoint in {cfg.save_dir}: {last} {why} "
-        f"(a run killed while saving); nothing saved is lost"
+        f"resuming from {chosen.path} (update {chosen.num_updates}), the training checkpoint of this run with "
+        f"the most updates in {cfg.save_dir}: {last} {why}; nothing saved is lost"
     )
     original = cfg.restore_file
-    cfg.restore_file = newest
+    cfg.restore_file = chosen.path
     try:
         return _stock_load_checkpoint(cfg, trainer, **passthrough_args)
     finally:
         cfg.restore_file = original
+
+
+def _truncated_message(path: str, fix: str) -> str:
+    """What is wrong with the local checkpoint file ``path`` that is empty or cut short, and ``fix``, with the
+    complete checkpoints beside it (newest first)."""
+    size = os.path.getsize(path)
+    others = [os.path.basename(p) for p in checkpoints_in(os.path.dirname(path) or ".")]
+    hint = (f"complete checkpoints beside it, newest first: {', '.join(others)}" if others
+            else "no complete checkpoint is beside it")
+    state = "is empty (0 bytes" if size == 0 else f"is truncated ({size} bytes"
+    return (f"checkpoint {path} {state}; cut short while it was written, e.g. by a kill during a save): "
+            f"{fix} ({hint})")
+
+
+def check_not_truncated(path: str, fix: str = "load another one") -> None:
+    """Refuse a local checkpoint file that is empty or a zip archive cut short, before ``torch.load`` fails
+    on it with a bare ``EOFError`` / ``PytorchStreamReader failed reading zip archive``.
+
+    A file in torch's legacy (non-zip, before 1.6) format is not judged: only ``torch.load`` can tell.
+
+    Raises:
+        FileNotFoundError: no such file.
+        TruncatedCheckpointError: the file is empty or truncated, naming it, its size, ``fix`` and the
+            complete checkpoints beside it.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint {path}: no such file")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head or (head == b"PK\x03\x04" and not zipfile.is_zipfile(path)):
+        raise TruncatedCheckpointError(_truncated_message(path, fix))
 
 
 def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
@@ -152,13 +352,7 @@ def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
             raise
         if not os.path.isfile(path) or is_complete_checkpoint(path):
             raise
-        others = [os.path.basename(p) for p in checkpoints_in(os.path.dirname(path) or ".")]
-        hint = (f"complete checkpoints beside it, newest first: {', '.join(others)}" if others
-                else "no complete checkpoint is beside it")
-        raise TruncatedCheckpointError(
-            f"checkpoint {path} is truncated ({os.path.getsize(path)} bytes; cut short while it was "
-            f"written, e.g. by a kill during a save): load another one ({hint})"
-        ) from exc
+        raise TruncatedCheckpointError(_truncated_message(path, "load another one")) from exc
 
 
 def install():

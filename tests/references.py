@@ -279,6 +279,94 @@ class HybridNorm(Transcription):
         return (state if self.ffn_from_y else z) + branch(z)
 
 
+class HyperConnections(Transcription):
+    """Hyper-connections (Zhu et al. 2025, Algorithm 2): n streams; per sub-layer, per stream i,
+    alpha_i = static_alpha[i] + s_a tanh(LN(h_i) W_a), beta_i = static_beta[i] + s_b tanh(LN(h_i) w_b) (LN without
+    parameters; the static parts only with ``static``); h_in = sum_i alpha_i[0] h_i, o = F(LN_k(h_in)),
+    h'_j = sum_i alpha_i[1 + j] h_i + beta_j o; output LN_final(sum_i h_i). ``skip_width``: h'_j = h_j + beta_j o,
+    the width connection A_r left out (what lucidrains/hyper-connections computed from v0.1.7 to v0.3.10)."""
+
+    def __init__(self, streams, static=False, skip_width=False):
+        self.n, self.static, self.skip_width = streams, static, skip_width
+
+    def start(self, stack, x):
+        return [x for _ in range(self.n)]
+
+    def sublayer(self, stack, layer, l, kind, hs, branch):
+        res = getattr(layer, f"{kind}_residual")
+        alphas, betas = [], []
+        for i, h in enumerate(hs):
+            a, b = res.static_alpha[i], res.static_beta[i]
+            if not self.static:
+                normed = F.layer_norm(h, (h.shape[-1],))
+                a = a + res.dynamic_alpha_scale * torch.tanh(normed @ res.dynamic_alpha_fn)
+                b = b + res.dynamic_beta_scale * torch.tanh(normed @ res.dynamic_beta_fn)
+            alphas.append(a * torch.ones(h.shape[:-1] + (self.n + 1,)))
+            betas.append(b * torch.ones(h.shape[:-1]))
+        h_in = sum(alphas[i][..., 0:1] * hs[i] for i in range(self.n))
+        o = branch(ref_ln(getattr(layer, LN_OF[kind]), h_in))
+        if self.skip_width:
+            return [hs[j] + betas[j][..., None] * o for j in range(self.n)]
+        return [sum(alphas[i][..., 1 + j: 2 + j] * hs[i] for i in range(self.n)) + betas[j][..., None] * o
+                for j in range(self.n)]
+
+    def out(self, stack, hs):
+        return ref_ln(stack.layer_norm, sum(hs))
+
+
+class MHC(HyperConnections):
+    """mHC (arXiv 2512.24880, eq. 3, 7-9): x' = RMSNorm(concatenated streams), H_pre = sigmoid(a_pre x' phi_pre +
+    b_pre), H_post = 2 sigmoid(...), H_res = Sinkhorn-Knopp(a_res mat(x' phi_res) + b_res) (exp, 20 rounds of row
+    then column normalisation); h_in = sum_i H_pre[i] h_i, h'_j = sum_i H_res[j, i] h_i + H_post[j] o.
+    ``rows_only``: H_res only row-normalised (a softmax), not doubly stochastic."""
+
+    def __init__(self, streams, rows_only=False):
+        super().__init__(streams)
+        self.rows_only = rows_only
+
+    def sublayer(self, stack, layer, l, kind, hs, branch):
+        res = getattr(layer, f"{kind}_residual")
+        n = self.n
+        flat = torch.cat(hs, dim=-1)
+        x = flat / torch.sqrt(flat.pow(2).mean(dim=-1, keepdim=True) + 1e-20)
+        pre = torch.sigmoid(res.alpha_pre * (x @ res.phi_pre) + res.b_pre)
+        post = 2 * torch.sigmoid(res.alpha_post * (x @ res.phi_post) + res.b_post)
+        logits = res.alpha_res * (x @ res.phi_res).view(*x.shape[:-1], n, n) + res.b_res
+        m = torch.exp(logits)
+        for _ in range(1 if self.rows_only else 20):
+            m = m / m.sum(dim=-1, keepdim=True)
+            if not self.rows_only:
+                m = m / m.sum(dim=-2, keepdim=True)
+        h_in = sum(pre[..., i: i + 1] * hs[i] for i in range(n))
+        o = branch(ref_ln(getattr(layer, LN_OF[kind]), h_in))
+        return [sum(m[..., j, i: i + 1] * hs[i] for i in range(n)) + post[..., j: j + 1] * o for j in range(n)]
+
+
+class SiameseNorm(Transcription):
+    """Qwen-Applications/SiameseNorm (post_pre): u = LN_post(x), o = F(LN_in(u + LN_pre(y))), x = u + o / c_l,
+    y = y + o, c_l = sqrt(S (l + 1)) with S the sub-layers per layer; output LN_final(LN_a(x) + LN_b(y)).
+    ``sublayers_per_layer``: force S (the reference's literal 2 everywhere: the negative control)."""
+
+    def __init__(self, sublayers_per_layer=None):
+        self.s = sublayers_per_layer
+
+    def start(self, stack, x):
+        return x, x
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        x, y = state
+        res = getattr(layer, f"{kind}_residual")
+        s = self.s or (2 if stack.name == "encoder" else 3)
+        c = math.sqrt(s * (l + 1))
+        u = ref_ln(res.post_layer_norm, x)
+        o = branch(ref_ln(getattr(layer, LN_OF[kind]), u + ref_ln(res.pre_layer_norm, y)))
+        return u + o / c, y + o
+
+    def out(self, stack, state):
+        x, y = state
+        return ref_ln(stack.layer_norm, ref_ln(stack.residual.x_layer_norm, x) + ref_ln(stack.residual.y_layer_norm, y))
+
+
 class _Stack:
     """What a transcription may read of a stack: its name, depth, N and M, and its modules."""
 
@@ -351,4 +439,7 @@ REFERENCES = {
     "lns": ([], LNS(), LNS(scaled=False)),
     "rezero": ([], ReZero(), ReZero(shared_across_layers=True)),
     "hybrid_norm": ([], HybridNorm(), HybridNorm(ffn_from_y=True)),
+    "hyper_connections": (["--hc-streams", 3], HyperConnections(3), HyperConnections(3, skip_width=True)),
+    "mhc": (["--mhc-streams", 3], MHC(3), MHC(3, rows_only=True)),
+    "siamese_norm": ([], SiameseNorm(), SiameseNorm(sublayers_per_layer=2)),
 }

@@ -332,3 +332,79 @@ def test_layerdrop_profiles_every_layer():
         assert profile == pytest.approx(expected[stack], rel=1e-5)
         assert all(v > 1.0 for v in profile[1:])
     assert model.encoder.layers.p == 0.5  # layer-drop is back on for training
+
+
+def _profile_lines(encoder_layers=2, decoder_layers=2):
+    return [f"{k} {1.0 + k / 10}" for n in (2 * encoder_layers, 3 * decoder_layers) for k in range(1, n + 1)]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("bad", ["inf 1.0", "-inf 1.0", "1e999 1.0", "nan 1.0", "3.5 1.0", "x 1.0", "3 1.0 7"])
+def test_malformed_profile_line_is_named_with_its_fix(bad, tmp_path):
+    lines = _profile_lines()
+    lines[2] = bad
+    path = tmp_path / "profile.ratio.init"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError) as err:
+        admin_scheme.read_profile(str(path), 2, 2)
+    msg = str(err.value)
+    assert f"--admin-profile {path} line 3: expected 'k r'" in msg and repr(bad) in msg, msg
+    assert "drop --admin-profile" in msg and "python -m fairseq_residual.schemes.admin CHECKPOINT OUT" in msg
+
+
+@pytest.mark.model
+def test_binary_or_empty_profile_file_is_named_with_its_fix(tmp_path):
+    import zipfile
+
+    binary = tmp_path / "profile.bin"
+    binary.write_bytes(b"1 1.0\n2 1.1\n\x80\x02\xff\xfe garbage\n")
+    with pytest.raises(ValueError) as err:
+        admin_scheme.read_profile(str(binary), 2, 2)
+    msg = str(err.value)
+    assert f"--admin-profile {binary} line 3 is not text" in msg and "drop --admin-profile" in msg, msg
+    # a checkpoint passed by mistake: says so, and how to export its profile
+    ckpt = tmp_path / "checkpoint_last.pt"
+    with zipfile.ZipFile(ckpt, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02\xff" * 100)
+    with pytest.raises(ValueError) as err:
+        admin_scheme.read_profile(str(ckpt), 2, 2)
+    msg = str(err.value)
+    assert f"--admin-profile {ckpt} is a checkpoint" in msg, msg
+    assert f"python -m fairseq_residual.schemes.admin {ckpt} profile.ratio.init" in msg
+    empty = tmp_path / "empty.init"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match=rf"--admin-profile {re.escape(str(empty))} is empty"):
+        admin_scheme.read_profile(str(empty), 2, 2)
+    good = tmp_path / "good.init"
+    good.write_text("\n".join(_profile_lines()) + "\n")
+    enc, dec = admin_scheme.read_profile(str(good), 2, 2)
+    assert enc == [1.1, 1.2, 1.3, 1.4] and dec == [1.1, 1.2, 1.3, 1.4, 1.5, 1.6]
+
+
+def test_profile_exporter_on_empty_or_truncated_checkpoint_exits_1_naming_it(tmp_path, capsys):
+    import subprocess
+
+    empty = tmp_path / "checkpoint_last.pt"
+    empty.write_bytes(b"")
+    out = tmp_path / "profile.ratio.init"
+    proc = subprocess.run([sys.executable, "-m", "fairseq_residual.schemes.admin", str(empty), str(out)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"\nerror: checkpoint {empty} is empty (0 bytes" in "\n" + proc.stderr, proc.stderr
+    assert not out.exists()
+
+    full = tmp_path / "checkpoint_1_2.pt"
+    torch.save({"model": {f"w{i}": torch.randn(64, 64) for i in range(4)}}, full)
+    cut = tmp_path / "checkpoint_1_4.pt"
+    cut.write_bytes(full.read_bytes()[:5000])
+    assert admin_scheme.main([str(cut), str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: checkpoint {cut} is truncated (5000 bytes"), err
+    assert "export the profile from a complete checkpoint" in err and "beside it, newest first: checkpoint_1_2.pt)" in err
+    notckpt = tmp_path / "notes.txt"
+    notckpt.write_text("not a checkpoint\n")
+    assert admin_scheme.main([str(notckpt), str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {notckpt} cannot be read as a fairseq checkpoint (UnpicklingError: ") and "admin" in err, err
+    assert "weights_only" not in err  # torch's advice to load unsafely is not passed on
+    assert not out.exists()

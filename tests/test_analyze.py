@@ -282,8 +282,9 @@ def test_json_and_plots_are_written(analysis):
     assert report["subset"] == "valid" and report["batches"] == BATCHES
     assert report["command"][:4] == ["fairseq-residual-analyze", report["data"], "--arch", ARCH]
     assert report["fp16_max"] == 65504.0
+    # dual_stream_range.png: ResiDual is among them; streams.png: so are the multi-stream schemes
     expected = {"grad_norm_layers.png", "grad_norm_sublayers.png", "cosine_similarity.png",
-                "dual_stream_range.png"}
+                "dual_stream_range.png", "streams.png"}
     assert set(report["plots"]) == expected
     for name in expected:
         with open(out / name, "rb") as f:

@@ -156,3 +156,183 @@ def test_truncated_checkpoint_is_named_in_generate_and_resume(tiny_data_bin, tmp
                    *TRAIN], check=False)
     assert res.returncode != 0
     assert "checkpoint_last.pt is incomplete (0 bytes" in res.stdout and "holds no complete checkpoint" in res.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# resume candidates: only training checkpoints of this run
+# ---------------------------------------------------------------------------------------------
+
+
+def fairseq_style_average(paths, out):
+    """What fairseq's ``scripts/average_checkpoints.py`` writes (``average_checkpoints``): the first input's
+    whole state ("Copies over the settings from the first checkpoint": optimizer state, update count,
+    data iterator) with the averaged ``model``; ``last_n_checkpoints`` lists the inputs newest first."""
+    import torch
+
+    states = [torch.load(p, map_location="cpu", weights_only=True) for p in paths]
+    new_state = states[0]
+    new_state["model"] = {k: sum(s["model"][k].double() for s in states).div(len(states)).to(v.dtype)
+                          if v.is_floating_point() else v for k, v in states[0]["model"].items()}
+    torch.save(new_state, out)
+
+
+@pytest.fixture(scope="module")
+def trained_save_dir(tiny_data_bin, tmp_path_factory):
+    """A finished run of 4 updates: checkpoint_1_2.pt, checkpoint_1_4.pt and checkpoint_last.pt (update 4)."""
+    _, data_bin = tiny_data_bin
+    save = tmp_path_factory.mktemp("trained") / "ckpt"
+    run_cli(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 4, *TRAIN])
+    return save
+
+
+def _make_newest(path):
+    """Give ``path`` a modification time after every other file of its directory."""
+    newest = max(p.stat().st_mtime for p in path.parent.iterdir())
+    os.utime(path, (newest + 10, newest + 10))
+
+
+def _resume(data_bin, save, max_update=6):
+    out = run_cli(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save,
+                   "--max-update", max_update, *TRAIN]).stdout
+    loaded = re.search(r"Loaded checkpoint (\S+) \(epoch \d+ @ (\d+) updates\)", out)
+    assert loaded, out[-3000:]
+    return out, os.path.basename(loaded.group(1)), int(loaded.group(2))
+
+
+@pytest.mark.parametrize(
+    "averager, name, last_state",
+    [
+        ("plugin", "checkpoint_avg2.pt", "truncated"),  # the project's tool: no optimizer state
+        ("fairseq", "checkpoint.avg2.pt", "truncated"),  # fairseq's script: keeps the newest input's optimizer
+        ("plugin", "checkpoint_avg2.pt", "complete"),  # written after the run ended: newer than checkpoint_last
+    ],
+)
+def test_averaged_checkpoint_in_save_dir_is_never_resumed_from(
+    averager, name, last_state, trained_save_dir, tiny_data_bin, tmp_path
+):
+    import shutil
+
+    _, data_bin = tiny_data_bin
+    save = tmp_path / "ckpt"
+    shutil.copytree(trained_save_dir, save)
+    inputs = [save / "checkpoint_1_4.pt", save / "checkpoint_1_2.pt"]  # newest first, as fairseq lists them
+    if averager == "plugin":  # scripts/average_checkpoints.py's averaging, in-process
+        import torch
+
+        from fairseq_residual.tools.checkpoints import average_checkpoints
+
+        torch.save(average_checkpoints([str(p) for p in inputs]), save / name)
+    else:
+        fairseq_style_average(inputs, save / name)
+    _make_newest(save / name)
+    if last_state == "truncated":
+        (save / "checkpoint_last.pt").write_bytes((save / "checkpoint_last.pt").read_bytes()[:1000])
+
+    out, loaded, updates = _resume(data_bin, save)
+    assert updates == 4, out[-3000:]  # the newest training checkpoint's update count, not 0
+    if last_state == "truncated":
+        assert loaded == "checkpoint_1_4.pt"
+        assert re.search(r"resuming from \S+checkpoint_1_4\.pt \(update 4\)", out), out[-3000:]
+        assert "checkpoint_last.pt is incomplete" in out
+    else:
+        assert loaded == "checkpoint_last.pt" and "resuming from" not in out
+    assert f"{name} is not a training checkpoint" in out  # said, not silently passed over
+    assert re.search(r"num_updates 6\b", out), out[-2000:]
+
+
+@pytest.fixture(scope="module")
+def foreign_checkpoints(tiny_data_bin, tmp_path_factory):
+    """Checkpoints of two other runs, each 6 updates (more than the run they are copied into):
+    another residual scheme, and the same scheme with another FFN width."""
+    _, data_bin = tiny_data_bin
+    root = tmp_path_factory.mktemp("foreign")
+    found = {}
+    for kind, flags in (("scheme", ["--residual-scheme", "pre_ln"]), ("shape", ["--encoder-ffn-embed-dim", "32"])):
+        save = root / kind
+        run_cli(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 6,
+                 *TRAIN, *flags])
+        found[kind] = save / "checkpoint_1_6.pt"
+    return found
+
+
+def test_checkpoint_of_another_run_is_skipped_with_a_warning(
+    foreign_checkpoints, trained_save_dir, tiny_data_bin, tmp_path
+):
+    import shutil
+
+    _, data_bin = tiny_data_bin
+    save = tmp_path / "ckpt"
+    shutil.copytree(trained_save_dir, save)
+    shutil.copyfile(foreign_checkpoints["scheme"], save / "checkpoint_2_6.pt")
+    shutil.copyfile(foreign_checkpoints["shape"], save / "checkpoint_2_8.pt")
+    _make_newest(save / "checkpoint_2_6.pt")
+    _make_newest(save / "checkpoint_2_8.pt")
+    (save / "checkpoint_last.pt").write_bytes(b"")  # killed at the copy's first byte
+
+    out, loaded, updates = _resume(data_bin, save, max_update=5)
+    assert (loaded, updates) == ("checkpoint_1_4.pt", 4), out[-3000:]
+    warnings = [line for line in out.splitlines() if "WARNING" in line]
+    scheme = [w for w in warnings if "checkpoint_2_6.pt is not a training checkpoint of this run" in w]
+    assert scheme and "residual scheme 'pre_ln'" in scheme[0] and "'post_ln'" in scheme[0], warnings
+    shape = [w for w in warnings if "checkpoint_2_8.pt is not a training checkpoint of this run" in w]
+    assert shape and "encoder.layers.0.fc1.weight" in shape[0] and "(32, 64)" in shape[0], warnings
+    assert re.search(r"num_updates 5\b", out), out[-2000:]
+
+
+def test_only_fairseq_training_names_are_resume_candidates():
+    from fairseq_residual.checkpoint_safety import is_training_checkpoint_name as ok
+
+    for name in ("checkpoint_last.pt", "checkpoint_best.pt", "checkpoint12.pt", "checkpoint_3_5000.pt",
+                 "checkpoint.best_loss_4.1230.pt", "checkpoint.best_bleu_27.5101.pt"):
+        assert ok(name), name
+    for name in ("checkpoint_avg10.pt", "checkpoint.avg10.pt", "checkpoint_last10_avg.pt", "checkpoint_averaged.pt",
+                 "checkpoint_best_avg.pt", "checkpoint_last.pt.tmp", "checkpoint_last-shard0.pt", "model.pt"):
+        assert not ok(name), name
+    assert ok("checkpoint_last-shard0.pt", "-shard0") and not ok("checkpoint_last.pt", "-shard0")
+
+
+def test_fit_check_compares_schemes_and_shapes_without_touching_the_model():
+    import torch
+
+    from conftest import build_model
+    from fairseq_residual.checkpoint_safety import _misfit
+
+    model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", "pre_ln")
+    own = model.state_dict()
+    assert _misfit(dict(own), model) is None
+    renamed = {("old." + k if "fc1" in k else k): v for k, v in own.items()}  # names alone do not count
+    assert _misfit(renamed, model) is None
+    other = dict(own, **{"encoder.residual_scheme_id": torch.tensor(0)})
+    assert _misfit(other, model) == "its encoder was trained with residual scheme 'post_ln', this run's uses 'pre_ln'"
+    wider = dict(own, **{"decoder.layers.1.fc2.weight": torch.zeros(64, 32)})
+    assert _misfit(wider, model) == ("another model: decoder.layers.1.fc2.weight has shape (64, 32), "
+                                     "this run's (64, 64)")
+    # a state without fairseq's version keys: fairseq's upgrade would drop the model's final LayerNorm
+    assert _misfit({"w": torch.zeros(3, 3)}, model).startswith("another model: tensor shapes differ")
+    assert model.encoder.layer_norm is not None and model.decoder.layer_norm is not None
+
+
+def test_resume_order_most_updates_then_last_then_directly_saved(tmp_path):
+    import torch
+
+    from fairseq_residual.checkpoint_safety import resume_candidates
+
+    def save(name, updates, optimizer=True, age=0):
+        state = {"model": {}, "optimizer_history": [{"num_updates": updates}]}
+        if optimizer:
+            state["last_optimizer_state"] = {"state": {}}
+        torch.save(state, tmp_path / name)
+        os.utime(tmp_path / name, (1e9 - age, 1e9 - age))
+
+    save("checkpoint_1_4.pt", 4, age=30)
+    save("checkpoint_best.pt", 4, age=0)  # newest, same updates: e.g. overwritten by an averaged model
+    save("checkpoint_1_2.pt", 2, age=40)
+    save("checkpoint_1_9.pt", 9, optimizer=False, age=0)  # no optimizer state: not a candidate
+    save("checkpoint.avg3.pt", 9, age=0)  # fairseq's averaging keeps one input's optimizer state: by name
+    ranked, rejected = resume_candidates(str(tmp_path))
+    assert [os.path.basename(c.path) for c in ranked] == ["checkpoint_1_4.pt", "checkpoint_best.pt",
+                                                          "checkpoint_1_2.pt"]
+    assert [c.num_updates for c in ranked] == [4, 4, 2]
+    assert sorted(os.path.basename(c.path) for c in rejected) == ["checkpoint.avg3.pt", "checkpoint_1_9.pt"]
+    save("checkpoint_last.pt", 4, age=60)  # checkpoint_last.pt first among equal update counts
+    assert os.path.basename(resume_candidates(str(tmp_path))[0][0].path) == "checkpoint_last.pt"

@@ -169,12 +169,12 @@ def test_state_dict_round_trip_and_another_schemes_refused(scheme):
 
 
 def _out_of_range(option):
-    """Values outside the option's range (and a non-finite one)."""
-    values = [math.inf, math.nan]
+    """Values outside the option's range (and, for a float, non-finite ones; argparse refuses them for an int)."""
+    values = [math.inf, math.nan] if option.type is float else []
     if option.low is not None:
-        values.append(option.low - 1.0)
+        values.append(option.type(option.low - 1))
     if option.high is not None:
-        values.append(option.high + 1.0)
+        values.append(option.type(option.high + 1))
     return values
 
 
@@ -193,16 +193,20 @@ GIVEN = [(s.name, o) for s in SCHEMES for o in s.OPTIONS if o.default is not Non
 
 @pytest.mark.parametrize("scheme, option", GIVEN, ids=[f"{s}-{o.dest}" for s, o in GIVEN])
 def test_an_option_of_another_scheme_is_refused_the_same_way(scheme, option):
-    if option.choices:
+    if option.type is bool:
+        flag, value = (option.negative if option.default else option.flag), None
+    elif option.choices:
         value = next(c for c in option.choices if c != option.default)
     elif option.type is str:
         value = "some-file"
     else:
         value = option.high if option.high is not None and option.high != option.default else option.low
+    if option.type is not bool:
+        flag = option.flag
     other = "pre_ln" if scheme != "pre_ln" else "post_ln"
-    with pytest.raises(ValueError, match=rf"^{option.flag} is an option of --residual-scheme {scheme}, but the "
-                                         rf"scheme is {other}: drop {option.flag} or use --residual-scheme {scheme}$"):
-        build_model("residual_transformer_tiny", "--residual-scheme", other, option.flag, value)
+    with pytest.raises(ValueError, match=rf"^{flag} is an option of --residual-scheme {scheme}, but the "
+                                         rf"scheme is {other}: drop {flag} or use --residual-scheme {scheme}$"):
+        build_model("residual_transformer_tiny", "--residual-scheme", other, flag, *([] if value is None else [value]))
 
 
 @pytest.mark.parametrize("scheme", SCHEME_NAMES)

@@ -32,6 +32,12 @@ What is measured (``analysis.json``, and one PNG per quantity with every model o
   (fairseq's ``inner_states``; for a scheme of the residual protocol its stack residual's ``view`` of
   the state); ``cosine_consecutive_streams`` gives the same for every extra stream the scheme names
   (``cosine_consecutive_dual``: ResiDual's dual stream ``x_d``).
+* ``stream_cosine`` and ``mixing_distance`` (schemes with several residual streams): after each layer the
+  mean pairwise cosine between the streams (hyper-connections' and mHC's h1..hn; for two-stream schemes the
+  view and the extra stream: ResiDual's x_a and x_d, SiameseNorm's x and y), and for hyper-connections and
+  mHC the distance ``||M - I||_F / sqrt(n)`` of the layer's effective stream mixing M (the product of its
+  sub-layers' mixings, h' = M h, averaged over the real tokens) from the identity: streams that stay alike
+  with a mixing near the identity are the "stream collapse" of arXiv 2606.03483. Plot ``streams.png``.
 * ``dual_stream`` (ResiDual only): ``max_abs``, the largest ``|x_d|`` after each layer over all
   positions (padding included: an overflow there is just as fatal), the ``headroom`` to fp16's
   largest value 65504 (``config.FP16_MAX``), and ``safe_scale``, the ``--resi-dual-scale`` this rule

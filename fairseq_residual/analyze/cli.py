@@ -170,6 +170,11 @@ def run(args, extra=(), argv=None):
             "cosine_consecutive": "entry l-1: mean over non-pad tokens of cos(output of layer l, "
             "output of layer l+1); ResiDual: the x_a stream",
             "cosine_consecutive_dual": "ResiDual: the same for the dual stream x_d",
+            "cosine_consecutive_streams": "the same for every extra stream the scheme names (x_d, y, h1..hn)",
+            "stream_cosine": "multi-stream schemes: entry l-1, mean over non-pad tokens of the mean pairwise cos "
+            "between the streams after layer l (one stream dominating: stream collapse, arXiv 2606.03483)",
+            "mixing_distance": "hyper-connections, mHC: entry l-1, ||M - I||_F / sqrt(n), M the product of layer "
+            "l's sub-layers' width mixings (h' = M h, mean over non-pad tokens)",
             "dual_stream.safe_scale": "largest 1-2-5 value c <= 1 with c * max|x_d at c=1| <= "
             "fp16_safety * 65504",
         },

@@ -103,6 +103,10 @@ class LayerStatistics:
         self.sub_sq = {(s, sub): zeros(n_layers[s]) for s in STACKS for sub in SUBLAYERS[s]}
         self.cos_sum = {s: zeros(max(n_layers[s] - 1, 0)) for s in STACKS}
         self.cos_stream_sum = {s: {} for s in STACKS}  # extra stream name -> per layer pair
+        self.between_sum = {s: zeros(n_layers[s]) for s in STACKS}  # mean pairwise cos between streams, per layer
+        self.between_count = {s: zeros(n_layers[s]) for s in STACKS}
+        self.mixing = {s: [[] for _ in range(n_layers[s])] for s in STACKS}  # per layer: [(batch weight, M)]
+        self._masks = {}
         self.cos_count = {s: zeros(max(n_layers[s] - 1, 0)) for s in STACKS}  # token positions per pair
         self.dual_max = {s: zeros(n_layers[s]) for s in STACKS}
         self.dual_min_var = {s: math.inf for s in STACKS}
@@ -129,7 +133,32 @@ class LayerStatistics:
 
         return hook
 
+    def _mixing_recorder(self, stack_name, layer_index, residual):
+        """Wrap ``residual.prepare`` (eager only) to record its mean width mixing M (h' = M h) on real tokens."""
+        prepare = residual.prepare
+
+        def recording_prepare(state):
+            mask = self._masks.get(stack_name)
+            if mask is not None:
+                per_layer = self.mixing[stack_name][layer_index]
+                m = residual.width_mixing(state[0].detach(), mask).detach().double()
+                if per_layer and per_layer[-1][0] == self.batches:  # the layer's later sub-layers: compose
+                    per_layer[-1] = (self.batches, m @ per_layer[-1][1], int(mask.sum()))
+                else:
+                    per_layer.append((self.batches, m, int(mask.sum())))
+            return prepare(state)
+
+        residual.prepare = recording_prepare
+        self._wrapped.append(residual)
+
     def __enter__(self):
+        self._wrapped = []
+        for name, stack in self.stacks.items():
+            for i in range(len(stack.layers)):
+                for kind in ("self_attn", "encoder_attn", "ffn"):
+                    res = getattr(stack.layers[i], f"{kind}_residual", None)
+                    if res is not None and hasattr(res, "width_mixing"):
+                        self._mixing_recorder(name, i, res)
         self.model.train()
         self.dropouts_disabled = 0 if self.keep_dropout else disable_dropout(self.model)
         self.model.zero_grad(set_to_none=True)
@@ -143,6 +172,9 @@ class LayerStatistics:
         return self
 
     def __exit__(self, *exc):
+        for res in self._wrapped:
+            del res.prepare  # the class's method again
+        self._wrapped = []
         for handle in self.hooks:
             handle.remove()
         self.hooks = []
@@ -155,6 +187,10 @@ class LayerStatistics:
         """Forward and backward one fairseq sample through ``criterion``; accumulate its statistics."""
         n_layers, captured = self.n_layers, self.captured
         captured.clear()
+        self._masks = {  # T x B, True at real tokens (read by the width-mixing recorders)
+            "encoder": sample["net_input"]["src_tokens"].ne(self.pad["encoder"]).t(),
+            "decoder": sample["net_input"]["prev_output_tokens"].ne(self.pad["decoder"]).t(),
+        }
         loss, sample_size, logging_output = criterion(self.model, sample)
         (loss / self.total_tokens).backward()
         self.batches += 1
@@ -187,6 +223,14 @@ class LayerStatistics:
                     cos = torch.nn.functional.cosine_similarity(t.float(), outs[i + 1][1][stream].float(), dim=-1)
                     sums = self.cos_stream_sum[s].setdefault(stream, torch.zeros_like(self.cos_sum[s]))
                     sums[i] += float(cos[mask].double().sum())
+            for i, out in enumerate(outs):  # how alike the streams are within a layer's output
+                if out is None or not out[1]:
+                    continue
+                streams = list(out[1].values()) if len(out[1]) > 1 else [out[0]] + list(out[1].values())
+                pairs = [(a, b) for j, a in enumerate(streams) for b in streams[j + 1:]]
+                cos = sum(torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1) for a, b in pairs)
+                self.between_sum[s][i] += float((cos / len(pairs))[mask].double().sum())
+                self.between_count[s][i] += int(mask.sum())
             dual = [None if o is None else o[1].get("x_d") for o in outs]
             for i, x_d in enumerate(dual):
                 if x_d is not None:
@@ -231,6 +275,12 @@ class LayerStatistics:
             "cosine_consecutive_dual": None,
             "dual_stream": None,
         }
+        result["stream_cosine"] = None
+        if any(float(self.between_count[s].sum()) > 0 for s in STACKS):
+            result["stream_cosine"] = {s: _mean_or_none(self.between_sum[s], self.between_count[s]) for s in STACKS}
+        result["mixing_distance"] = None
+        if any(any(per) for s in STACKS for per in self.mixing[s]):
+            result["mixing_distance"] = {s: [_mixing_distance(per) for per in self.mixing[s]] for s in STACKS}
         if "x_d" in result["cosine_consecutive_streams"]:  # ResiDual's dual stream and its fp16 range
             result["cosine_consecutive_dual"] = result["cosine_consecutive_streams"]["x_d"]
             result["dual_stream"] = {s: _dual_report(self.stacks[s], self.dual_max[s], self.dual_min_var[s],
@@ -251,6 +301,17 @@ def analyze_model(model, criterion, batches, keep_dropout=False, safety=0.1):
         for sample in batches:
             stats.add_batch(criterion, sample)
         return stats.result()
+
+
+def _mixing_distance(records):
+    """||M - I||_F / sqrt(n) of a layer's effective width mixing M (the product of its sub-layers' mean mixings,
+    averaged over batches weighted by their tokens), or None when not measured."""
+    if not records:
+        return None
+    weight = sum(w for _, _, w in records)
+    m = sum(mat * w for _, mat, w in records) / weight
+    n = m.shape[0]
+    return float((m - torch.eye(n, dtype=m.dtype)).norm() / math.sqrt(n))
 
 
 def _mean_or_none(total, count):

@@ -26,6 +26,10 @@ _SCHEME_MODULES = (
     "lns",
     "rezero",
     "hybrid_norm",
+    # after the paper: many residual streams
+    "hyper_connections",
+    "mhc",
+    "siamese_norm",
 )
 
 SCHEMES = tuple(import_module(f"{__name__}.{module}").SCHEME for module in _SCHEME_MODULES)

@@ -162,15 +162,18 @@ def _depth_of(ks: List[int]) -> str:
 
 
 def read_profile(path: str, encoder_layers: int, decoder_layers: int):
-    """Read a profile in the reference's ``profile.ratio.init`` format.
+    """Read a profile in the reference's ``profile.ratio.init`` format: UTF-8 text, one "k r" line per
+    sub-layer (k an integer index, r a finite ratio > 0), encoder k = 1..2N, then decoder k = 1..3M.
 
     Returns:
         ``(encoder ratios [2N], decoder ratios [3M])``, lists of floats.
 
     Raises:
         FileNotFoundError: no such file, naming the fix.
-        ValueError: a malformed line, a non-positive value, or a profile of another depth (wrong number
-            of lines or indices), naming the file, the depth it fits and the fix.
+        ValueError: a malformed line (not two fields, an index that is not a finite integer, a ratio that
+            is not a finite number > 0, bytes that are not text), a binary file (e.g. a checkpoint passed
+            by mistake), an empty file, or a profile of another depth (wrong number of lines or indices),
+            naming the file, the line and the fix.
     """
     n_enc, n_dec = 2 * encoder_layers, 3 * decoder_layers
     fix = (
@@ -181,19 +184,34 @@ def read_profile(path: str, encoder_layers: int, decoder_layers: int):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"--admin-profile {path}: no such file; {fix}")
     ks, rs = [], []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:  # bytes: a binary file is named as such, with its line, not UnicodeDecodeError
+        if f.read(4) == b"PK\x03\x04":  # a zip archive: what torch.save writes
+            raise ValueError(
+                f"--admin-profile {path} is a checkpoint (a zip archive), not a profile: write its profile "
+                f"with python -m fairseq_residual.schemes.admin {path} profile.ratio.init and pass "
+                f"--admin-profile profile.ratio.init, or {fix}"
+            )
+        f.seek(0)
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"--admin-profile {path} line {lineno} is not text (byte {raw[exc.start]:#04x} at column "
+                    f"{exc.start + 1} is not UTF-8): a profile is the text 'k r' per line; is it a binary "
+                    f"file? {fix}"
+                ) from None
             if not line.strip():
                 continue
             fields = line.split()
             try:
                 k, r = float(fields[0]), float(fields[1])
-                if len(fields) != 2 or k != int(k):
+                if len(fields) != 2 or not math.isfinite(k) or k != int(k):
                     raise ValueError
             except (ValueError, IndexError):
                 raise ValueError(
-                    f"--admin-profile {path} line {lineno}: expected 'k r' (sub-layer index, ratio), got "
-                    f"{line.strip()!r}; {fix}"
+                    f"--admin-profile {path} line {lineno}: expected 'k r' (sub-layer index, an integer, and "
+                    f"its ratio), got {line.strip()!r}; {fix}"
                 ) from None
             if not (math.isfinite(r) and r > 0):
                 raise ValueError(
@@ -201,6 +219,8 @@ def read_profile(path: str, encoder_layers: int, decoder_layers: int):
                 )
             ks.append(int(k))
             rs.append(r)
+    if not ks:
+        raise ValueError(f"--admin-profile {path} is empty: it has no 'k r' line; {fix}")
     expected = list(range(1, n_enc + 1)) + list(range(1, n_dec + 1))
     if ks != expected:
         raise ValueError(
@@ -308,6 +328,7 @@ class Admin(ResidualScheme):
     name = "admin"
     label = "Admin"
     scheme_id = 4
+    builds_on = "post_ln"
     color = "tab:orange"
     update = "x = LN(omega*x + drop(F(x))); omega (per sub-layer, width d) profiled on the first training batch"
     output = "x"
@@ -420,9 +441,17 @@ def export_profile(checkpoint: str, out: str) -> None:
     """Write the profile saved in an Admin checkpoint to ``out`` (``profile.ratio.init`` format).
 
     Raises:
+        FileNotFoundError: no such checkpoint.
+        fairseq_residual.checkpoint_safety.TruncatedCheckpointError: the checkpoint is empty or cut short,
+            naming its size and the complete checkpoints beside it.
         ValueError: the checkpoint is not of an Admin model, or was saved before it was profiled.
+        EOFError, RuntimeError, pickle.UnpicklingError, KeyError: not a fairseq checkpoint (``torch.load``'s
+            own errors; :func:`main` names the file).
     """
     import fairseq_residual  # noqa: F401  (allow-lists fairseq's checkpoint globals)
+    from fairseq_residual.checkpoint_safety import check_not_truncated
+
+    check_not_truncated(checkpoint, "export the profile from a complete checkpoint of the run")
 
     state = torch.load(checkpoint, map_location="cpu")["model"]
     for stack in STACKS:  # checkpoints of earlier versions of this plugin
@@ -435,7 +464,17 @@ def export_profile(checkpoint: str, out: str) -> None:
 
 
 def main(argv=None):
-    """``python -m fairseq_residual.schemes.admin CHECKPOINT [OUT]``: export an Admin checkpoint's profile."""
+    """``python -m fairseq_residual.schemes.admin CHECKPOINT [OUT]``: export an Admin checkpoint's profile.
+
+    Returns 0 when OUT was written; 2 for a usage error; 1, after one ``error: ...`` line on stderr naming
+    the checkpoint and the fix, when it is missing, empty or truncated, not a fairseq checkpoint, not of an
+    Admin model or not yet profiled (no traceback).
+    """
+    import pickle
+    import re
+
+    from fairseq_residual.checkpoint_safety import TruncatedCheckpointError
+
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) not in (1, 2) or argv[0] in ("-h", "--help"):
         print("usage: python -m fairseq_residual.schemes.admin CHECKPOINT [OUT (default profile.ratio.init)]")
@@ -443,8 +482,16 @@ def main(argv=None):
     out = argv[1] if len(argv) == 2 else "profile.ratio.init"
     try:
         export_profile(argv[0], out)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, TruncatedCheckpointError) as e:  # each names the file and the fix
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (EOFError, RuntimeError, KeyError, TypeError, AttributeError, pickle.UnpicklingError) as e:
+        # torch.load's reason, without its advice to load unsafely (weights_only=False)
+        unpickler = re.search(r"WeightsUnpickler error:\s*([^\n]+?)(?:\.\s|\n|$)", str(e))
+        reason = unpickler.group(1) if unpickler else (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"error: {argv[0]} cannot be read as a fairseq checkpoint ({type(e).__name__}: {reason}): pass "
+              f"a checkpoint that fairseq-train --residual-scheme admin wrote (e.g. its checkpoint_last.pt)",
+              file=sys.stderr)
         return 1
     print(f"wrote {out}")
     return 0

@@ -74,6 +74,7 @@ class B2T(ResidualScheme):
     name = "b2t"
     label = "B2T"
     scheme_id = 7
+    builds_on = "post_ln"
     color = "tab:olive"
     update = "Post-LN; last LN of each layer: y = LN(h + drop(FFN(h)) + x_in); init of layer weights x L^-1/2"
     output = "x"

@@ -77,6 +77,7 @@ class Option:
             required. ``low_open`` / ``high_open`` make an end open.
         choices: the allowed values of a string option.
         metavar: for ``--help``.
+        negative: for a ``bool`` option, the flag that sets it False (``--hc-static``); ``flag`` sets it True.
     """
 
     dest: str
@@ -89,12 +90,15 @@ class Option:
     high_open: bool = False
     choices: Optional[Tuple[str, ...]] = None
     metavar: Optional[str] = None
+    negative: Optional[str] = None
 
     @property
     def flag(self) -> str:
         return "--" + self.dest.replace("_", "-")
 
     def range_text(self) -> str:
+        if self.type is bool:
+            return f"{self.flag} or {self.negative}"
         if self.choices:
             return "one of " + ", ".join(self.choices)
         lo = "-inf" if self.low is None else f"{self.low:g}"
@@ -105,7 +109,9 @@ class Option:
         """Raise :class:`OptionError` naming the flag, the range and the value when ``value`` is outside."""
         if value is None:
             return
-        if self.choices is not None:
+        if self.type is bool:
+            ok = isinstance(value, bool)
+        elif self.choices is not None:
             ok = value in self.choices
         else:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -139,6 +145,8 @@ class ResidualScheme:
             (README and the module docstring say it is ours), or "".
         recipe: the training recipe the scheme's authors used (README).
         fairseq_path: True for the schemes that are fairseq's own layers and loops (Post-LN, Pre-LN).
+        builds_on: the stock fairseq transformer the scheme modifies, ``post_ln`` or ``pre_ln`` (the
+            baseline of its speed and memory ratios): ``pre_ln`` for schemes with a final LayerNorm.
         normalize_before: fairseq's ``normalize_before`` of a fairseq-path scheme; for any scheme, True
             means ``--{encoder,decoder}-normalize-before`` is accepted (it would otherwise contradict
             where the scheme puts LayerNorm, and is refused).
@@ -160,6 +168,7 @@ class ResidualScheme:
     reading: str = ""
     recipe: str = ""
     fairseq_path: bool = False
+    builds_on: str = "pre_ln"
     normalize_before: bool = False
     final_norm_eps: Optional[float] = 1e-5
     has_layer_norm: bool = True
@@ -171,6 +180,13 @@ class ResidualScheme:
     def add_args(self, parser: argparse.ArgumentParser) -> None:
         """Add :attr:`OPTIONS` to the model parser (no defaults: fairseq's presets fill them)."""
         for o in self.OPTIONS:
+            if o.type is bool:
+                default = o.flag if o.default else o.negative
+                parser.add_argument(o.flag, dest=o.dest, action="store_const", const=True,
+                                    help=f"{self.label}: {o.help}; default {default}")
+                parser.add_argument(o.negative, dest=o.dest, action="store_const", const=False,
+                                    help=f"{self.label}: see {o.flag}")
+                continue
             extra = {"choices": o.choices} if o.choices else {"type": o.type}
             default = "" if o.default is None else f"; default {o.default}"
             rng = "" if o.choices else f"; range {o.range_text()}"
@@ -185,8 +201,12 @@ class ResidualScheme:
 
     def given_options(self, args):
         """The flags of this scheme's options set to something else than their default."""
-        return [o.flag for o in self.OPTIONS
-                if o.default is not None and getattr(args, o.dest, None) not in (None, o.default)]
+        given = []
+        for o in self.OPTIONS:
+            value = getattr(args, o.dest, None)
+            if o.default is not None and value is not None and value != o.default:
+                given.append(o.negative if o.type is bool and not value else o.flag)
+        return given
 
     def validate(self, args) -> None:
         """Check every option of this scheme against its range (whichever scheme is selected).

@@ -72,6 +72,7 @@ class DeepNorm(ResidualScheme):
     name = "deepnorm"
     label = "DeepNorm"
     scheme_id = 3
+    builds_on = "post_ln"
     color = "tab:purple"
     update = "x = LN(alpha*x + drop(F(x))); init of fc1, fc2, v_proj, out_proj x beta"
     output = "x"

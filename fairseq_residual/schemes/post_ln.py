@@ -10,6 +10,7 @@ class PostLN(ResidualScheme):
     name = "post_ln"
     label = "Post-LN"
     scheme_id = 0
+    builds_on = "post_ln"
     color = "tab:red"
     update = "x = LN(x + drop(F(x)))"
     output = "x"

@@ -156,6 +156,7 @@ class ResiDual(ResidualScheme):
     name = "resi_dual"
     label = "ResiDual"
     scheme_id = 2
+    builds_on = "post_ln"
     color = "tab:green"
     update = "h = drop(F(x_a)); x_a = LN(x_a + h); x_d = x_d + c*h"
     output = "alpha * x_a + LN_final(x_d)"

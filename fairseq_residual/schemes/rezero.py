@@ -61,6 +61,7 @@ class ReZero(ResidualScheme):
     name = "rezero"
     label = "ReZero"
     scheme_id = 11
+    builds_on = "post_ln"
     color = "black"
     update = "x = x + alpha_l * drop(F(x)), one alpha per layer (init 0), no LayerNorm"
     output = "x"

@@ -71,6 +71,7 @@ class TFixup(ResidualScheme):
     name = "t_fixup"
     label = "T-Fixup"
     scheme_id = 5
+    builds_on = "post_ln"
     color = "tab:brown"
     update = "x = x + drop(F(x)), no LayerNorm; depth-scaled init (0.67 N^-1/4, (9M)^-1/4), no warm-up"
     output = "x"

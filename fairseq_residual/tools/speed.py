@@ -100,9 +100,18 @@ MODELS = {
 }
 # every registered scheme, against the stock model it is built on (Pre-LN-type schemes: stock Pre-LN)
 MODELS.update({
-    s.name: dict(stock=False, scheme=s.name, baseline=STOCK_PRE if s.normalize_before else STOCK_POST)
+    s.name: dict(stock=False, scheme=s.name, baseline=STOCK_PRE if s.builds_on == "pre_ln" else STOCK_POST)
     for s in SCHEMES
 })
+DEFAULT_MODELS = tuple(MODELS)
+# variants with other scheme options, measured only when named in --models (the multi-stream schemes'
+# memory grows with their number of streams n; their default is n = 4)
+VARIANTS = {
+    "hyper_connections_n2": ("hyper_connections", ["--hc-streams", "2"]),
+    "mhc_n2": ("mhc", ["--mhc-streams", "2"]),
+}
+for _name, (_scheme, _options) in VARIANTS.items():
+    MODELS[_name] = dict(MODELS[_scheme], options=_options)
 
 # Goals: minimum ratio to the matching stock model (memory: maximum ratio).
 # Scheme -> (train throughput >=, peak memory <=, generation throughput >=).
@@ -112,6 +121,7 @@ GOALS = {
 }
 # schemes that add computation to fairseq's layers: within 3% of the stock model they are built on
 GOALS.update({s.name: dict(train=0.97, memory=1.05, generate=0.97) for s in SCHEMES if s.name not in GOALS})
+GOALS.update({name: GOALS[scheme] for name, (scheme, _) in VARIANTS.items()})
 METRICS = ("train", "memory", "generate")
 METRIC_KEYS = dict(train="train_tokens_per_s", memory="peak_train_mem_bytes",
                    generate="gen_sentences_per_s")
@@ -129,7 +139,7 @@ DEVICE_DEFAULTS = {
 
 def get_parser():
     p = argparse.ArgumentParser(
-        description="Throughput and memory of residual_transformer (post_ln, pre_ln, resi_dual) "
+        description="Throughput and memory of residual_transformer in every registered scheme "
         "against fairseq's stock transformer at the same shape, on synthetic data.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -138,7 +148,7 @@ def get_parser():
                    help="bf16/fp16: torch.autocast with fp32 master weights (fairseq --amp); fp16 needs cuda")
     p.add_argument("--shapes", default="iwslt6,deep24",
                    help=f"comma-separated, from: {', '.join(SHAPES)}")
-    p.add_argument("--models", default=",".join(MODELS),
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS),
                    help="comma-separated subset of the models; a plugin model needs its stock baseline")
     p.add_argument("--repeats", type=int, help="timed repetitions (cpu 5, cuda 10)")
     p.add_argument("--warmup", type=int, help="discarded repetitions before the timed ones (cpu 1, cuda 2)")
@@ -219,6 +229,7 @@ def model_cli_args(name, shape, resi_dual_scale, user_dir=PLUGIN_DIR):
         args += ["--arch", "residual_transformer", "--residual-scheme", spec["scheme"]]
         if spec["scheme"] == "resi_dual":
             args += ["--resi-dual-scale", str(resi_dual_scale)]
+        args += spec.get("options", [])
     return args
 
 
@@ -621,8 +632,13 @@ def format_table(results):
                 f"{_fmt(ge and ge['median'], '11.2f')} {ratio('generate'):>8}"
             )
     lines.append("")
-    lines.append("ratios: median over repetitions of (model / its stock baseline in the same repetition);"
-                 " post_ln, resi_dual vs transformer_post_ln; pre_ln vs transformer_pre_ln")
+    against = {}
+    for res in results["shapes"].values():
+        for name in res["models"]:
+            if MODELS[name]["baseline"]:
+                against.setdefault(MODELS[name]["baseline"], []).append(name)
+    lines.append("ratios: median over repetitions of (model / its stock baseline in the same repetition); "
+                 + "; ".join(f"{', '.join(dict.fromkeys(v))} vs {k}" for k, v in against.items()))
     lines.append(f"throughput clock: {results['meta']['clock']}")
     lines.append(f"memory: {results['meta']['memory_measure']}")
     lines.append("goals:")

@@ -1,0 +1,64 @@
+"""Per-parameter optimizer overrides for every fairseq optimizer: the smallest mechanism that lets a scheme
+exempt parameters from ``--weight-decay`` (hyper-connections' static connection weights, trained without
+weight decay in their paper).
+
+fairseq already has the attribute: a parameter may carry ``optim_overrides``, a dict of optimizer settings
+(fairseq's ``--optimizer composite`` reads it, and its fp16 optimizer copies it to the fp32 master
+parameters, ``fairseq/optim/fp16_optimizer.py``), but every other optimizer builds one parameter group from
+a flat list and ignores it. Loading the plugin wraps ``fairseq.optim.build_optimizer``, which the trainer,
+the fp16, memory-efficient fp16 and AMP wrappers all call: after fairseq built the optimizer, parameters
+with ``optim_overrides`` move out of their group into a group of their own with those settings (the
+learning rate and the other settings copied from their group, so that schedulers, which set every group's
+``lr``, keep treating them alike). A flat fp16 master copy (``--fp16`` without
+``--fp16-no-flatten-grads``) holds no per-parameter attribute: a scheme that needs overrides refuses that
+combination itself (:func:`fairseq_residual.schemes.hyper_connections.refuse_flat_fp16_with_weight_decay`).
+"""
+import functools
+import logging
+
+import fairseq.optim
+
+logger = logging.getLogger(__name__)
+
+
+def apply_overrides(optimizer) -> int:
+    """Move every parameter of ``optimizer`` (a fairseq optimizer or a torch one) that carries
+    ``optim_overrides`` into its own parameter group with those settings. Returns how many moved."""
+    torch_optimizer = getattr(optimizer, "optimizer", optimizer)
+    groups = getattr(torch_optimizer, "param_groups", None)
+    if groups is None:
+        return 0
+    moved = 0
+    for group in list(groups):
+        by_override = {}
+        for p in group["params"]:
+            overrides = getattr(p, "optim_overrides", None)
+            if overrides and any(group.get(k) != v for k, v in overrides.items() if k in group):
+                by_override.setdefault(tuple(sorted(overrides.items())), []).append(p)
+        if not by_override:
+            continue
+        exempt = {id(p) for ps in by_override.values() for p in ps}
+        group["params"] = [p for p in group["params"] if id(p) not in exempt]
+        for overrides, params in by_override.items():
+            settings = {k: v for k, v in group.items() if k != "params"}
+            settings.update({k: v for k, v in overrides if k in group})
+            torch_optimizer.add_param_group(dict(settings, params=params))
+            moved += len(params)
+    if moved:
+        logger.info(f"optimizer: {moved} parameter tensor(s) in groups of their own (optim_overrides)")
+    return moved
+
+
+def _wrap(build):
+    @functools.wraps(build)
+    def build_optimizer(cfg, params, *args, **kwargs):
+        optimizer = build(cfg, params, *args, **kwargs)
+        apply_overrides(optimizer)
+        return optimizer
+
+    build_optimizer._residual_overrides = True
+    return build_optimizer
+
+
+if not getattr(fairseq.optim.build_optimizer, "_residual_overrides", False):
+    fairseq.optim.build_optimizer = _wrap(fairseq.optim.build_optimizer)

@@ -1,0 +1,205 @@
+"""Hyper-connections (Zhu et al., "Hyper-Connections", arXiv 2409.19606, ICLR 2025; Algorithm 2 in App. J):
+the residual is n streams ``h_1..h_n`` per position, mixed by a learned connection at every sub-layer.
+
+Per sub-layer k with its connection ``A_m`` (n), ``A_r`` (n x n), ``B`` (n):
+
+    h_in  = sum_i A_m[i] h_i                          the branch input
+    o     = drop(F(LN(h_in)))                         the sub-layer keeps its own pre-LN
+    h'_j  = sum_i A_r[i, j] h_i + B[j] o              the new streams
+
+static (``--hc-static``: ``A_m``, ``A_r``, ``B`` are learned scalars) or dynamic (``--hc-dynamic``, default; paper
+eq. 10-13): per position and stream i, with ``hbar_i = LN_hc(h_i)`` a LayerNorm without parameters,
+
+    [A_m | A_r][i, :] = static + s_alpha * tanh(hbar_i W_alpha)     W_alpha: C x (n + 1)
+    B[i]              = static + s_beta  * tanh(hbar_i . w_beta)    w_beta: C
+
+Initialisation (paper section 2.3, eq. 14): ``A_m = e_(k mod n)`` (one-hot), ``A_r = I``, ``B = 1``,
+``W_alpha = w_beta = 0``, ``s_alpha = s_beta = 0.01``. Parameters per sub-layer, the paper's names
+(``{kind}_residual.static_alpha`` n x (n + 1) = ``[A_m | A_r]``, ``static_beta``, ``dynamic_alpha_fn``,
+``dynamic_alpha_scale``, ``dynamic_beta_fn``, ``dynamic_beta_scale``). The static parts get no weight decay,
+as the paper trains them (section 4): they carry fairseq's own per-parameter ``optim_overrides``, which the
+plugin honours for every optimizer (:mod:`fairseq_residual.optim_groups`).
+
+Per stack: every stream starts as a copy of the embedding output (after dropout); the stack output is
+``LN_final(sum_i h_i)`` (Algorithm 1: sum, then the final norm); the view (``inner_states``) is
+``sum_i h_i``, the extra streams ``h1..hn``. The coefficients are computed in fp32 under fp16/bf16.
+
+The project's reading of the encoder-decoder case (the paper is decoder-only): one set of n streams per
+stack; every sub-layer, cross-attention included, has its own connection; k counts the sub-layers of a
+stack in order (encoder SA, FFN, SA, FFN, ...; decoder SA, CA, FFN, ...), so the decoder's one-hot cycle does
+not line up with its layers; cross-attention's keys and values are the encoder output. Not implemented:
+the paper's "output projections' std scaled by sqrt(n)", whose direction the paper does not state (with
+``B = 1`` and identical streams at initialisation the sum before the final norm is n times the baseline
+whatever the weights' scale, and that norm removes the scale). At initialisation every stream equals the
+Pre-LN residual stream, so the model is Pre-LN (the final norm sees n times its input).
+
+The most used public implementation (lucidrains/hyper-connections) silently returned the unmixed residual,
+skipping ``A_r``, from v0.1.7 to v0.3.10 (its issue 8), and picks a random stream for ``A_m`` when the
+layer index is not passed; the exactness test here checks ``A_r`` and the one-hot cycle.
+"""
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..residual import NORM_INPUT, StackResidual, SublayerResidual
+from .base import Option, ResidualScheme
+
+#: fairseq's per-parameter optimizer overrides (``optim_overrides``) of the static connection weights
+NO_WEIGHT_DECAY = {"weight_decay": 0.0}
+
+
+@dataclass(frozen=True)
+class HyperConnectionsOptions:
+    """Attributes: streams: n; dynamic: the dynamic connection (paper eq. 10-13) on top of the static one."""
+
+    streams: int = 4
+    dynamic: bool = True
+
+
+class HyperConnection(SublayerResidual):
+    """One sub-layer's hyper-connection: state ``[H]`` with H the n streams, n x T x B x C; ``prepare`` mixes
+    them into the branch input and the carried streams, ``update`` adds ``B[j] o`` to stream j.
+
+    Args:
+        site: the sub-layer (its index k in the stack sets the one-hot ``A_m``).
+        streams: n. dynamic: add the dynamic connection.
+    """
+
+    NORM = NORM_INPUT
+
+    def __init__(self, site, streams: int, dynamic: bool):
+        super().__init__(site)
+        n, c = streams, site.embed_dim
+        self.n_streams = n
+        alpha0 = torch.zeros(n, 1)
+        alpha0[site.index % n, 0] = 1.0
+        self.static_alpha = nn.Parameter(torch.cat([alpha0, torch.eye(n)], dim=1))  # [A_m | A_r], n x (n + 1)
+        self.static_beta = nn.Parameter(torch.ones(n))
+        for p in (self.static_alpha, self.static_beta):
+            p.optim_overrides = dict(NO_WEIGHT_DECAY)
+        dynamic_parts = {"dynamic_alpha_fn": torch.zeros(c, n + 1), "dynamic_alpha_scale": torch.full((), 1e-2),
+                         "dynamic_beta_fn": torch.zeros(c), "dynamic_beta_scale": torch.full((), 1e-2)}
+        for name, value in dynamic_parts.items():  # static hyper-connections have no dynamic parameters
+            self.register_parameter(name, nn.Parameter(value) if dynamic else None)
+
+    def coefficients(self, streams: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(alpha, beta)`` in fp32: alpha n x T x B x (n + 1) (row i: stream i's ``[A_m | A_r]`` entries),
+        beta n x T x B, for the streams n x T x B x C."""
+        n = self.n_streams
+        alpha = self.static_alpha.float().view(n, 1, 1, n + 1)
+        beta = self.static_beta.float().view(n, 1, 1)
+        if self.dynamic_alpha_fn is not None and self.dynamic_beta_fn is not None \
+                and self.dynamic_alpha_scale is not None and self.dynamic_beta_scale is not None:
+            normed = F.layer_norm(streams.float(), (streams.size(-1),))  # LN_hc, no parameters
+            alpha = alpha + self.dynamic_alpha_scale.float() * torch.tanh(normed @ self.dynamic_alpha_fn.float())
+            beta = beta + self.dynamic_beta_scale.float() * torch.tanh(normed @ self.dynamic_beta_fn.float())
+        else:
+            alpha = alpha.expand(n, streams.size(1), streams.size(2), n + 1)
+            beta = beta.expand(n, streams.size(1), streams.size(2))
+        return alpha, beta
+
+    def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        streams = state[0]
+        alpha, beta = self.coefficients(streams)
+        mixed = torch.einsum("itbu,itbc->utbc", alpha, streams.float()).to(streams.dtype)  # (n + 1) x T x B x C
+        return mixed[0], [mixed[1:], beta.to(streams.dtype)]
+
+    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        return [state[0] + state[1].unsqueeze(-1) * out.unsqueeze(0)]
+
+    @torch.jit.unused
+    def width_mixing(self, streams: Tensor, mask: Tensor) -> Tensor:
+        """The mean width mixing M (n x n, as h' = M h: ``M[j, i] = A_r[i, j]``) over the positions of ``mask``
+        (T x B, True at real tokens), for analysis."""
+        alpha, _ = self.coefficients(streams)
+        return alpha[:, mask][..., 1:].mean(dim=1).t()
+
+    def extra_repr(self):
+        return f"streams={self.n_streams}, {'dynamic' if self.dynamic_alpha_fn is not None else 'static'}"
+
+
+class StreamsStack(StackResidual):
+    """n residual streams in one stack: every stream starts as the embedding output, the stack output is
+    ``LN_final(sum_i h_i)``, the view ``sum_i h_i``, the extra streams ``h1..hn``.
+
+    Args:
+        stack, num_layers, embed_dim: as :class:`~fairseq_residual.residual.StackResidual`. streams: n.
+    """
+
+    def __init__(self, stack: str, num_layers: int, embed_dim: int, streams: int):
+        super().__init__(stack, num_layers, embed_dim)
+        self.n_streams = streams
+
+    def start(self, x: Tensor) -> List[Tensor]:
+        return [x.unsqueeze(0).expand([self.n_streams] + list(x.shape))]
+
+    def final_input(self, state: List[Tensor]) -> Tensor:
+        return state[0].sum(dim=0)
+
+    def view(self, state: List[Tensor]) -> Tensor:
+        return state[0].sum(dim=0)
+
+    @torch.jit.unused
+    def streams(self, state: List[Tensor]) -> Dict[str, Tensor]:
+        return {f"h{i + 1}": state[0][i] for i in range(self.n_streams)}
+
+    def extra_repr(self):
+        return f"streams={self.n_streams}"
+
+
+class HyperConnections(ResidualScheme):
+    name = "hyper_connections"
+    label = "Hyper-connections"
+    scheme_id = 13
+    color = "navy"
+    update = ("h_in = sum_i A_m[i] h_i; o = drop(F(LN(h_in))); h'_j = sum_i A_r[i,j] h_i + B[j] o, n streams, "
+              "A_m/A_r/B static + dynamic")
+    output = "LN_final(sum_i h_i)"
+    source = "Zhu et al. 2025, arXiv 2409.19606, eq. 10-14, Algorithm 2"
+    reference = "the paper's Algorithm 2 (App. J); lucidrains/hyper-connections, hyper_connections/hyper_connections.py"
+    reading = ("one set of n streams per stack, each a copy of the embedding output; a connection for every "
+               "sub-layer, cross-attention included, k counted per stack over SA, (CA,) FFN in order")
+    recipe = ("the baseline's recipe unchanged (OLMo / OLMoE; n = 4 with tanh); ViT: n = 2, AdamW (0.9, 0.999), "
+              "lr 3e-3, cosine with 10k warm-up, weight decay 0.3 (none on the static connection weights)")
+    OPTIONS = (
+        Option("hc_streams", int, 4, "number n of residual streams", low=1, high=16, metavar="N"),
+        Option("hc_dynamic", bool, True, "dynamic connections (paper eq. 10-13) on top of the static ones "
+               "(--hc-dynamic, the default) or static hyper-connections only (--hc-static)", negative="--hc-static"),
+    )
+
+    def options(self, args):
+        return HyperConnectionsOptions(streams=int(args.hc_streams), dynamic=bool(args.hc_dynamic))
+
+    def check_args(self, args):
+        super().check_args(args)
+        refuse_flat_fp16_with_weight_decay(self.name, args)
+
+    def sublayer_residual(self, cfg, site):
+        opts = cfg.residual_options.params
+        return HyperConnection(site, opts.streams, opts.dynamic)
+
+    def stack_residual(self, cfg, stack, num_layers, embed_dim):
+        return StreamsStack(stack, num_layers, embed_dim, cfg.residual_options.params.streams)
+
+
+def refuse_flat_fp16_with_weight_decay(scheme: str, args) -> None:
+    """fairseq's ``--fp16`` optimizer keeps one flat fp32 copy of all the weights, which cannot hold the
+    static connection weights' own parameter group without weight decay.
+
+    Raises:
+        ValueError: ``--fp16`` (flat, not memory-efficient) with ``--weight-decay`` > 0, naming the fixes.
+    """
+    flat = getattr(args, "fp16", False) and not getattr(args, "memory_efficient_fp16", False) \
+        and not getattr(args, "fp16_no_flatten_grads", False) and not getattr(args, "bf16", False)
+    if flat and (getattr(args, "weight_decay", 0) or 0) > 0:
+        raise ValueError(
+            f"--residual-scheme {scheme} trains its static connection weights without weight decay, but --fp16 "
+            f"keeps one flat fp32 copy of all weights, which has no room for that: add --fp16-no-flatten-grads "
+            f"(or use --memory-efficient-fp16, --bf16, or --weight-decay 0)"
+        )
+
+
+SCHEME = HyperConnections()

@@ -1,0 +1,212 @@
+"""What the conformance suite does not see of the multi-stream schemes (hyper-connections, mHC,
+SiameseNorm): the static variant and other stream counts against the transcription, the starting point
+(every scheme starts as Pre-LN, mHC's H_res near the identity and doubly stochastic), SiameseNorm's c_l,
+coefficients computed in fp32 under bf16, and the static connection weights' exemption from weight decay
+through fairseq's own optimizer construction."""
+import math
+
+import pytest
+import torch
+
+from conftest import build_model, make_dictionary, random_batch
+from references import HyperConnections, reference_forward
+from test_conformance import randomise_scheme_parameters
+
+pytestmark = pytest.mark.model
+
+DEPTH = ["--encoder-layers", 3, "--decoder-layers", 2]
+
+
+def tiny(*flags, d=None, seed=1):
+    torch.manual_seed(seed)
+    model, args, task = build_model("residual_transformer_tiny", *flags, dictionary=d or make_dictionary())
+    return model
+
+
+@pytest.mark.parametrize("streams, static", [(1, False), (2, True), (4, False), (5, True)])
+def test_hyper_connections_match_the_transcription_for_other_stream_counts_and_static(streams, static):
+    d = make_dictionary()
+    model = tiny("--residual-scheme", "hyper_connections", "--hc-streams", streams,
+                 *(["--hc-static"] if static else []), *DEPTH, d=d)
+    assert (model.encoder.layers[0].ffn_residual.dynamic_alpha_fn is None) == static
+    randomise_scheme_parameters(model)
+    src, lengths, prev, _ = random_batch(d, bsz=5)
+    with torch.no_grad():
+        _, lp_ref = reference_forward(model, src, prev, HyperConnections(streams, static=static))
+        lp = model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
+    assert (lp - lp_ref)[prev.ne(d.pad())].abs().max().item() <= 1e-5
+    # initialisation: the one-hot A_m cycles over the stack's sub-layers, k mod n with k counting SA, CA, FFN
+    # in order (so the decoder's cycle does not line up with its layers); A_r = I, B = 1
+    fresh = tiny("--residual-scheme", "hyper_connections", "--hc-streams", streams, *DEPTH, d=d)
+    residuals = [getattr(layer, f"{kind}_residual") for layer in fresh.decoder.layers
+                 for kind in ("self_attn", "encoder_attn", "ffn")]
+    assert [r.static_alpha[:, 0].argmax().item() for r in residuals] == [k % streams for k in range(len(residuals))]
+    assert all(torch.equal(r.static_alpha[:, 0].sum(), torch.tensor(1.0)) for r in residuals)
+    assert all(torch.equal(r.static_alpha[:, 1:], torch.eye(streams)) for r in residuals)
+    assert all(torch.equal(r.static_beta, torch.ones(streams)) for r in residuals)
+
+
+@pytest.mark.parametrize("scheme, flags, tol", [
+    ("hyper_connections", ["--hc-streams", 4], 5e-5),
+    ("hyper_connections", ["--hc-streams", 3, "--hc-static"], 5e-5),
+    ("mhc", ["--mhc-streams", 4], 2e-2),
+])
+def test_multi_stream_schemes_start_as_pre_ln(scheme, flags, tol):
+    """At initialisation every stream is the Pre-LN residual stream (hyper-connections exactly, up to the final
+    LayerNorm's eps, which sees n times the stream; mHC up to its H_res, within 1.3e-3 of the identity, and its
+    branch reading LN(n/2 x) = LN(x)): with the weights of a Pre-LN model of the same seed, the log-probabilities
+    agree."""
+    d = make_dictionary()
+    ours = tiny("--residual-scheme", scheme, *flags, *DEPTH, d=d)
+    pre = tiny("--residual-scheme", "pre_ln", *DEPTH, d=d)
+    pre.load_state_dict({k: v for k, v in ours.state_dict().items() if k in pre.state_dict()
+                         and "residual_scheme_id" not in k}, strict=False)
+    src, lengths, prev, _ = random_batch(d, bsz=4)
+    with torch.no_grad():
+        a = ours.get_normalized_probs(ours(src, lengths, prev), log_probs=True)
+        b = pre.get_normalized_probs(pre(src, lengths, prev), log_probs=True)
+    assert (a - b)[prev.ne(d.pad())].abs().max().item() <= tol
+
+
+def test_mhc_mixing_is_doubly_stochastic_and_starts_near_the_identity():
+    from fairseq_residual.schemes.mhc import sinkhorn_knopp
+
+    d = make_dictionary()
+    model = tiny("--residual-scheme", "mhc", *DEPTH, d=d)
+    res = model.encoder.layers[0].self_attn_residual
+    streams = torch.randn(4, 5, 3, 64)
+    pre, post, h_res = res.coefficients(streams)
+    assert torch.allclose(pre, torch.full_like(pre, 0.5)) and torch.allclose(post, torch.ones_like(post))
+    assert (h_res - torch.eye(4)).abs().max() < 1.3e-3
+    randomise_scheme_parameters(model)
+    with torch.no_grad():
+        res.b_res.normal_()  # logits of order 1: the streams really mix
+    _, _, h_res = res.coefficients(streams)
+    assert (h_res - torch.eye(4)).abs().max() > 0.05
+    torch.testing.assert_close(h_res.sum(-2), torch.ones(5, 3, 4))  # columns: exactly stochastic
+    torch.testing.assert_close(h_res.sum(-1), torch.ones(5, 3, 4), atol=1e-2, rtol=0)  # rows: after 20 rounds
+    big = sinkhorn_knopp(torch.full((2, 2), 1e4), 20)  # no overflow for large logits
+    assert torch.isfinite(big).all()
+
+
+def test_siamese_norm_c_l_counts_the_sub_layers_of_its_stack():
+    model = tiny("--residual-scheme", "siamese_norm", "--encoder-layers", 4, "--decoder-layers", 3)
+    for stack, s in ((model.encoder, 2), (model.decoder, 3)):
+        for l, layer in enumerate(stack.layers):
+            assert 1 / layer.ffn_residual.inv_c == pytest.approx(math.sqrt(s * (l + 1)))
+    # the reference's values for a 2-sub-layer block: 1.414, 2, 2.449, 2.828
+    assert [round(1 / layer.ffn_residual.inv_c, 3) for layer in model.encoder.layers] == [1.414, 2.0, 2.449, 2.828]
+
+
+@pytest.mark.parametrize("scheme", ["hyper_connections", "mhc"])
+def test_coefficients_are_computed_in_fp32_under_bf16(scheme):
+    """In a bf16 model the connection coefficients come from fp32 arithmetic: equal, to fp32 precision, to
+    an fp32 computation with the same bf16-rounded parameters and streams (computing them in bf16 would be
+    off by bf16's 3 digits)."""
+    import copy
+
+    d = make_dictionary()
+    model = tiny("--residual-scheme", scheme, d=d)
+    randomise_scheme_parameters(model)
+    res_bf16 = copy.deepcopy(model.encoder.layers[0].self_attn_residual).bfloat16()
+    res_fp32 = copy.deepcopy(res_bf16).float()  # the same rounded parameters, in fp32
+    streams = torch.randn(4, 5, 3, 64).bfloat16()
+    for got, want in zip(res_bf16.coefficients(streams), res_fp32.coefficients(streams.float())):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    model.bfloat16()
+    src, lengths, prev, _ = random_batch(d)
+    out = model(src, lengths, prev)[0]
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+
+
+def _adam(params, weight_decay, **common):
+    from omegaconf import OmegaConf
+
+    import fairseq.optim
+
+    cfg = OmegaConf.create({"_name": "adam", "adam_betas": "(0.9, 0.98)", "adam_eps": 1e-8,
+                            "weight_decay": weight_decay, "lr": [1e-3], "use_old_adam": False,
+                            "fp16_adam_stats": False, "tpu": False})
+    return fairseq.optim.build_optimizer(cfg, params)
+
+
+def test_static_connection_weights_get_no_weight_decay():
+    """Through fairseq's own optimizer construction (the function the trainer calls), hyper-connections'
+    static weights land in a group without weight decay; every other parameter keeps --weight-decay. One
+    step with zero gradients shrinks only the decayed parameters."""
+    model = tiny("--residual-scheme", "hyper_connections")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = _adam(params, weight_decay=0.1)
+    groups = opt.optimizer.param_groups
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
+    static = {id(p) for n, p in model.named_parameters() if n.endswith(("static_alpha", "static_beta"))}
+    assert {id(p) for p in groups[1]["params"]} == static and len(static) == 2 * (2 * 2 + 2 * 3)  # 2 + 2 layers
+    assert all(g["lr"] == groups[0]["lr"] for g in groups)
+    opt.set_lr(2e-3)  # schedulers set every group
+    assert all(g["lr"] == 2e-3 for g in groups)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in model.named_parameters():
+        moved = not torch.equal(p, before[n])
+        if n.endswith(("static_alpha", "static_beta")):
+            assert not moved, n
+        elif before[n].abs().sum() > 0:
+            assert moved, n
+    # another scheme's optimizer is one group, as fairseq builds it
+    assert len(_adam(list(tiny("--residual-scheme", "pre_ln").parameters()), 0.1).optimizer.param_groups) == 1
+
+
+def test_flat_fp16_master_weights_with_weight_decay_are_refused():
+    with pytest.raises(ValueError, match=r"--fp16 keeps one flat fp32 copy of all weights, which has no room for "
+                                         r"that: add --fp16-no-flatten-grads"):
+        tiny("--residual-scheme", "hyper_connections", "--optimizer", "adam", "--fp16", "--weight-decay", 0.1)
+    tiny("--residual-scheme", "hyper_connections", "--optimizer", "adam", "--fp16", "--fp16-no-flatten-grads",
+         "--weight-decay", 0.1)
+    tiny("--residual-scheme", "hyper_connections", "--optimizer", "adam", "--fp16", "--weight-decay", 0)
+
+
+def test_the_analysis_tool_reports_stream_similarity_and_mixing_distance():
+    """At initialisation hyper-connections' streams are identical (cosine 1) and their mixing the identity
+    (distance 0). With random static connections the tool's distance equals ||prod_k A_r(k)^T - I|| / sqrt(n)
+    over each layer's sub-layers, from the parameters, and its stream cosine the mean pairwise cosine of the
+    streams each layer returns."""
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    from fairseq_residual.analyze import analyze_model
+
+    d = make_dictionary()
+    n = 3
+    model, args, task = build_model("residual_transformer_tiny", "--residual-scheme", "hyper_connections",
+                                    "--hc-streams", n, "--hc-static", "--dropout", 0, *DEPTH, dictionary=d)
+    crit = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    src, lengths, prev, tgt = random_batch(d, bsz=5)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev},
+              "target": tgt, "ntokens": int(tgt.ne(d.pad()).sum()), "nsentences": 5}
+    got = analyze_model(model, crit, [sample])
+    for s, layers in (("encoder", 3), ("decoder", 2)):
+        assert got["stream_cosine"][s] == pytest.approx([1.0] * layers, abs=1e-6)
+        assert got["mixing_distance"][s] == pytest.approx([0.0] * layers, abs=1e-7)
+
+    randomise_scheme_parameters(model)
+    outputs = {}
+    for s, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
+        for l, layer in enumerate(stack.layers):
+            layer.register_forward_hook(lambda m, i, o, key=(s, l): outputs.__setitem__(
+                key, (o[0] if isinstance(o, tuple) else o)[0].detach()))
+    got = analyze_model(model, crit, [sample])
+    masks = {"encoder": src.ne(d.pad()).t(), "decoder": prev.ne(d.pad()).t()}
+    for s, stack, kinds in (("encoder", model.encoder, ("self_attn", "ffn")),
+                            ("decoder", model.decoder, ("self_attn", "encoder_attn", "ffn"))):
+        for l, layer in enumerate(stack.layers):
+            m = torch.eye(n, dtype=torch.float64)
+            for kind in kinds:
+                m = getattr(layer, f"{kind}_residual").static_alpha[:, 1:].t().double().detach() @ m
+            want = float((m - torch.eye(n, dtype=torch.float64)).norm() / math.sqrt(n))
+            assert got["mixing_distance"][s][l] == pytest.approx(want, rel=1e-6)
+            h = outputs[(s, l)]  # n x T x B x C
+            pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+            cos = sum(torch.nn.functional.cosine_similarity(h[i], h[j], dim=-1) for i, j in pairs) / len(pairs)
+            assert got["stream_cosine"][s][l] == pytest.approx(float(cos[masks[s]].double().mean()), rel=1e-5)
