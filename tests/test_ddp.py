@@ -8,10 +8,14 @@ updates of Adam, and writes what it measured; the tests here judge it:
 * the two ranks end with the same state dict, element for element (every parameter and buffer: Admin's
   profile and omegas, DLCL's layer weights, ReZero's alphas, ...), dropout or not;
 * without dropout, rank 0's state dict equals one process trained with ``--update-freq 2 x (the run's)`` on
-  the same batches in the same order. With ``--update-freq 1`` exactly: the one process accumulates the two
-  batches' gradients as ``g0 + g1``, the all-reduce computes the same sum of the same two tensors, and the
-  division by the world size and the multiplication by it in fairseq's ``multiply_grads`` are exact (powers
-  of two). With ``--update-freq 2`` to :data:`UF2_TOL`: each rank first sums its own two batches, so the
+  the same batches in the same order. With ``--update-freq 1`` to :data:`UF1_TOL`, and exactly for every
+  scheme but mHC: the one process accumulates the two batches' gradients as ``g0 + g1``, the all-reduce
+  computes the same sum of the same two tensors (bit for bit, checked for mHC too), and the division by the
+  world size and the multiplication by it in fairseq's ``multiply_grads`` are exact (powers of two). mHC's
+  ``phi_post`` ends up to 2.3e-10 apart (2 units in the last place of its ~1e-3 values): its gradient is near
+  Adam's eps (1e-8), where Adam's update stops being invariant to the gradient's scale, so a last-bit
+  difference of a global factor after the accumulation (the clipping or the 1/sample-size factor) reaches
+  the weights; every other weight's update is scale-invariant. With ``--update-freq 2`` to :data:`UF2_TOL`: each rank first sums its own two batches, so the
   all-reduce computes ``(g0 + g2) + (g1 + g3)`` where one process computes ``((g0 + g1) + g2) + g3``; those
   float32 rounding differences (1e-7 relative) pass through Adam, whose ``m / (sqrt(v) + 1e-8)`` magnifies
   them for coordinates whose gradient is near 1e-8. Measured: at most 1.8e-5 (HybridNorm) after 3 updates of
@@ -39,6 +43,9 @@ from fairseq_residual.schemes import SCHEME_NAMES
 
 #: largest |weight difference| allowed between DDP with --update-freq 2 and one process (see the docstring)
 UF2_TOL = 1e-4
+#: with --update-freq 1 (see the docstring: 0 for every scheme but mHC, 2.3e-10; a scheme computing something
+#: else under DDP than in one process differs by about lr = 1e-3)
+UF1_TOL = 1e-8
 
 
 def _port():
@@ -74,7 +81,8 @@ def test_ranks_equal_and_ddp_equals_one_process(ddp_report, scheme):
             continue
         diff = entry["vs_one_process_max_abs_diff"]
         if configs[config]["update_freq"] == 1:
-            assert diff == 0.0, f"{config}: DDP differs from one process with --update-freq 2 by {diff}"
+            assert diff <= (UF1_TOL if scheme == "mhc" else 0.0), \
+                f"{config}: DDP differs from one process with --update-freq 2 by {diff}"
         else:
             assert diff <= UF2_TOL, f"{config}: DDP differs from one process with --update-freq 4 by {diff}"
 
