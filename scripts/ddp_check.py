@@ -184,6 +184,14 @@ def cpu_ddp_without_device_ids():
     dfm.DistributedDataParallel = cpu_ddp
 
 
+def write_report(a, world_size, configs, started, results, done):
+    """Rank 0's JSON (``--out``): the schemes finished so far; ``complete`` once every scheme ran."""
+    report = {"world_size": world_size, "device": a.device, "updates": a.updates, "batch_sentences": BATCH,
+              "configs": {c: dict(zip(("ddp_backend", "update_freq", "dropout"), CONFIGS[c])) for c in configs},
+              "seconds": round(time.time() - started, 1), "complete": done, "results": results}
+    Path(a.out).write_text(json.dumps(report, indent=1))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="JSON file written by rank 0")
@@ -259,11 +267,8 @@ def main(argv=None):
             ref = references.get(ref_key)
             if ref is not None:
                 entry["vs_one_process_max_abs_diff"] = float((ref - vecs[0]).abs().max())
-    if rank == 0:
-        report = {"world_size": world_size, "device": a.device, "updates": a.updates, "batch_sentences": BATCH,
-                  "configs": {c: dict(zip(("ddp_backend", "update_freq", "dropout"), CONFIGS[c])) for c in configs},
-                  "seconds": round(time.time() - started, 1), "results": results}
-        Path(a.out).write_text(json.dumps(report, indent=1))
+        if rank == 0:  # after every scheme: a run cut short keeps what it finished
+            write_report(a, world_size, configs, started, results, done=s == schemes[-1])
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
