@@ -1,26 +1,35 @@
 #!/usr/bin/env python3
 """The fp16 range of every running sum of every registered scheme, at depth, at initialisation and after a
-short training.
+short training; and real fp16 training update by update.
 
-For each scheme (``--schemes``, default: the registry) and each depth L (``--depths``, layers per stack), a
-model of the ``residual_transformer_tiny`` preset with L+L layers (``--embed-dim`` / ``--ffn-dim`` /
-``--heads``, default 64 / 128 / 4) is measured with the analysis tool (``fairseq-residual-analyze``'s
-``stream_range``: the largest magnitude after each layer of the layer output and of every extra stream the
-scheme names, over ``--batches`` batches, dropout off): once at initialisation, then again after
-``--updates`` updates of fairseq's Trainer (Adam (0.9, 0.98), lr ``--lr`` after ``--warmup`` linear warm-up
-updates from 1e-7, label smoothing 0.1, clipping 1.0, dropout 0.1) on a synthetic copy task (random source
-sentences of 4-16 tokens over a 256-word vocabulary, target = the source reversed; ``--batch`` sentences per
-batch). Each result is the largest peak over both stacks and all streams, with the stream that holds it.
+Grid (default): for each scheme (``--schemes``, default: the registry) and each depth L (``--depths``, layers
+per stack), a model of the ``residual_transformer_tiny`` preset with L+L layers (``--embed-dim`` /
+``--ffn-dim`` / ``--heads``, default 64 / 128 / 4) is measured with
+:class:`fairseq_residual.analyze.ranges.RunningSums` (the largest magnitude of every LayerNorm input and of
+every tensor the residual protocol returns, both stacks, over ``--batches`` batches, eval mode): once at
+initialisation, then again after ``--updates`` updates of fairseq's Trainer (Adam (0.9, 0.98), lr ``--lr``
+after ``--warmup`` linear warm-up updates from 1e-7, label smoothing 0.1, clipping 1.0, dropout 0.1) on a
+synthetic copy task (random source sentences of 4-16 tokens over a 256-word vocabulary, target = the source
+reversed; ``--batch`` sentences per batch). Each result is the largest peak, with its site.
 
 ``--dtype fp32`` (default) measures in fp32, where nothing overflows: a peak above 65504 says the sum would
 leave fp16's range. ``--dtype fp16`` / ``bf16`` runs the measurement forwards with the model in that dtype
-(CUDA for fp16 speed; the CPU has the kernels too) and reports an overflow as ``inf``; training stays fp32.
+(the CPU has the kernels too) and reports an overflow as ``inf``; training stays fp32.
+
+``--overflow RUNS``: instead of the grid, train each run (a scheme, optionally with fairseq flags after
+``:``) with fairseq's ``--memory-efficient-fp16`` (the model and its arithmetic in fp16; default loss scale
+128, halved on each overflow) at ``--layers-fp16`` layers per stack for ``--updates`` updates, and log per
+update the loss scale, whether the loss scaler skipped it, the largest forward running sum (fp16: inf if it
+left the range) and the largest scaled gradient of a running sum, with their sites: whether an overflow is
+the scaler's (gradients times the loss scale) or a sum's (the forward).
 
 Writes JSON (``--out``, rewritten after every measurement: a run cut short keeps what it finished) and, with
 ``--markdown``, a table per moment. Usage::
 
     python scripts/precision_check.py --out range.json --markdown range.md                  # CPU, fp32
-    python scripts/precision_check.py --device cuda --dtype fp16 --embed-dim 512 --ffn-dim 2048 --heads 8 \\
+    python scripts/precision_check.py --overflow "resi_dual,resi_dual:--resi-dual-scale 0.05,pre_ln" \
+        --layers-fp16 6 --out overflow.json                                                 # fp16 training
+    python scripts/precision_check.py --device cuda --dtype fp16 --embed-dim 512 --ffn-dim 2048 --heads 8 \
         --out range_fp16.json
 """
 import argparse
