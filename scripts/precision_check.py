@@ -20,8 +20,8 @@ leave fp16's range. ``--dtype fp16`` / ``bf16`` runs the measurement forwards wi
 ``:``) with fairseq's ``--memory-efficient-fp16`` (the model and its arithmetic in fp16; default loss scale
 128, halved on each overflow) at ``--layers-fp16`` layers per stack for ``--updates`` updates, and log per
 update the loss scale, whether the loss scaler skipped it, the largest forward running sum (fp16: inf if it
-left the range) and the largest scaled gradient of a running sum, with their sites: whether an overflow is
-the scaler's (gradients times the loss scale) or a sum's (the forward).
+left the range), the largest scaled gradient of a running sum and of a parameter, with their sites: whether
+an overflow is the scaler's (gradients times the loss scale) or a sum's (the forward).
 
 Writes JSON (``--out``, rewritten after every measurement: a run cut short keeps what it finished) and, with
 ``--markdown``, a table per moment. Usage::
@@ -85,8 +85,9 @@ def build_trainer(scheme, layers, a, d, extra=()):
             "--encoder-embed-dim", a.embed_dim, "--decoder-embed-dim", a.embed_dim, "--encoder-ffn-embed-dim",
             a.ffn_dim, "--decoder-ffn-embed-dim", a.ffn_dim, "--encoder-attention-heads", a.heads,
             "--decoder-attention-heads", a.heads, "--share-all-embeddings", "--dropout", "0.1",
-            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", a.lr, "--lr-scheduler", "inverse_sqrt",
-            "--warmup-updates", a.warmup, "--warmup-init-lr", "1e-7", "--criterion", "label_smoothed_cross_entropy",
+            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", a.lr,
+            *(["--lr-scheduler", "inverse_sqrt", "--warmup-updates", a.warmup, "--warmup-init-lr", "1e-7"]
+              if a.warmup > 0 else ["--lr-scheduler", "fixed"]), "--criterion", "label_smoothed_cross_entropy",
             "--label-smoothing", "0.1", "--clip-norm", "1.0", "--seed", a.seed, "--max-tokens", "100000",
             "--no-save", "--num-workers", "0", *extra]
     if a.device == "cpu":
@@ -129,7 +130,7 @@ def overflow_run(a, scheme, extra, d, batches):
     with ``torch.tensor(0.0).cuda()``; on the CPU ``Tensor.cuda`` is made the identity for this run."""
     from unittest import mock
 
-    from fairseq_residual.analyze.ranges import RunningSums
+    from fairseq_residual.analyze.ranges import RunningSums, _peak
 
     trainer, _ = build_trainer(scheme, a.layers_fp16, a, d, ["--memory-efficient-fp16", *extra])
     rows = []
@@ -138,13 +139,20 @@ def overflow_run(a, scheme, extra, d, batches):
     with patch:
         for i, b in enumerate(batches, 1):
             scale = float(trainer.optimizer.scaler.loss_scale)
+            param_grads = {}
+            hooks = [p.register_hook(lambda g, _n=n: param_grads.__setitem__(_n, _peak(g)))
+                     for n, p in trainer.get_model().named_parameters() if p.requires_grad]
             with RunningSums(trainer.get_model(), gradients=True) as sums:
                 out = trainer.train_step([b])
+            for h in hooks:
+                h.remove()
             fwd, grad = sums.top(), sums.top(grads=True)
+            worst = max(param_grads, key=param_grads.get) if param_grads else None
             rows.append({"update": i, "loss_scale": scale, "skipped": out is None,
                          "loss": None if out is None else float(out["loss"]),
                          "forward_peak": fwd["peak"], "forward_site": fwd["site"],
-                         "grad_peak": grad["peak"] if grad else None, "grad_site": grad["site"] if grad else None})
+                         "grad_peak": grad["peak"] if grad else None, "grad_site": grad["site"] if grad else None,
+                         "param_grad_peak": param_grads.get(worst), "param_grad_site": worst})
     return rows
 
 
@@ -158,7 +166,7 @@ def _args(argv):
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--updates", type=int, default=30, help="training updates before the second measurement")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=10, help="linear warm-up updates (0: a fixed learning rate)")
     p.add_argument("--batch", type=int, default=16, help="sentences per batch")
     p.add_argument("--batches", type=int, default=2, help="batches per measurement")
     p.add_argument("--seed", type=int, default=1)
@@ -200,6 +208,7 @@ def main(argv=None):
             skipped = [r["update"] for r in rows if r.get("skipped")]
             print(f"{run}: skipped updates {skipped}, "
                   f"largest forward sum {max(r.get('forward_peak', 0) for r in rows):.4g}, "
+                  f"largest scaled parameter gradient {max(r.get('param_grad_peak') or 0 for r in rows):.4g}, "
                   f"{time.time() - started:.0f}s", flush=True)
             Path(a.out).write_text(json.dumps(report, indent=1))
         return 0
