@@ -1,75 +1,111 @@
 #!/usr/bin/env bash
-# GPU speed check: residual_transformer (post_ln, pre_ln, resi_dual) against fairseq's stock
-# transformer on CUDA, in fp32, bf16 and fp16, at the shapes iwslt6 (6+6, 256/1024/4) and deep24
-# (24+24, 256/1024/4). Runs scripts/speed_benchmark.py three times, writes into "$OUT" (default ./gpu_out):
+# GPU check: what only a GPU can show, for every registered residual scheme (read from the registry), in
+# one command. Each step writes its results into "$OUT" (default ./gpu_out) as soon as they exist (the
+# Python steps rewrite their JSON after every scheme or cell: a step cut short keeps what it finished):
 #
-#   bench_<dtype>.json   the harness's results (written after each shape: a run cut short keeps
-#                        what it finished)
-#   bench_<dtype>.txt    its table;  bench_<dtype>.err  its stderr
-#   summary.txt          one line per dtype x shape x plugin model: ratios to stock and the goals
-#   setup.log            what setup did;  env.txt  python / torch / GPU versions
+#   device.json      scripts/device_check.py: per scheme, CUDA vs CPU forward (fp32, TF32 off), incremental
+#                    decoding = full forward on CUDA (with a beam reorder), beam search on CUDA, bf16/fp16
+#                    forward vs fp32 on CUDA, a training step (fp32, bf16 autocast), a checkpoint saved on
+#                    CUDA loaded on the CPU
+#   ddp.json         scripts/ddp_check.py under torchrun on 2 GPUs (nccl): ranks equal, DDP = one process,
+#                    c10d with device_ids as stock fairseq builds it; only when 2 GPUs are visible
+#                    (ddp.skipped says why otherwise)
+#   precision.json/.md  scripts/precision_check.py: every scheme's largest running sum at 6/12/24/48 layers
+#                    per stack, at initialisation and after a short training, measured by an fp16 forward
+#                    (inf: it left fp16's range)
+#   overflow.json    scripts/precision_check.py --overflow: real fp16 training (--memory-efficient-fp16) of
+#                    ResiDual at c = 1 and c = 0.05 and of Pre-LN, per update: loss scale, skipped or not,
+#                    largest forward sum and largest scaled gradient
+#   bench_<dtype>.json/.txt  scripts/speed_benchmark.py per dtype: every scheme's training/generation
+#                    throughput and peak memory against the stock transformer it builds on
+#   summary.txt      the speed goals per dtype x shape x scheme
+#   steps.tsv        one line per step as it ends: name, exit status, seconds (124: its time limit)
+#   <step>.log       each step's output;  setup.log, env.txt  what setup did, versions and GPUs
 #
 # Usage, from the repository root:   OUT=/some/dir bash scripts/gpu_check.sh
-# Knobs (environment): PYTHON (python3), SHAPES (iwslt6,deep24), REPEATS (6), WARMUP (1),
-#   RUN_TIMEOUT (150 s per dtype), BUDGET_S (450 s for the three runs together: a run that would
-#   start with less than RUN_TIMEOUT/2 left is skipped), DTYPES ("fp32 bf16 fp16").
-# Time: an estimated 5 minutes of benchmarks on one H200 (not yet measured; at most BUDGET_S,
-# plus 10 s kill grace per run, by construction), plus setup when fairseq must be installed (a source build takes minutes).
-# Exit status: 0 when every run finished (goals missed or not: read summary.txt), 1 when a run
-# failed or was cut short, 2/3 when setup failed.
+# Knobs (environment): PYTHON (python3), DEVICE (cuda; cpu: a dry run of every step on the CPU at toy
+#   sizes, what tests/test_gpu_check.py runs), SCHEMES (comma-separated subset; default every scheme),
+#   BUDGET_S (570: steps that would start with less than 20 s left are skipped), SHAPES (iwslt6),
+#   REPEATS (3), WARMUP (1), GEN_SENTENCES (32 per beam-search batch; 2 on the CPU), DTYPES
+#   ("fp32 bf16 fp16"), PREC_DEPTHS (6,12,24,48), PREC_WIDTH (512), PREC_UPDATES (10), OVERFLOW_UPDATES (30),
+#   OVERFLOW_RUNS (see overflow.json above), DDP_CONFIGS (default: all of scripts/ddp_check.py's), and per
+#   step limits in seconds: DEVICE_S (60), DDP_S (75), PREC_S (120), OVERFLOW_S (45), SPEED_S (90 per dtype).
+# Time: at most BUDGET_S plus 10 s kill grace per step, by construction (the step limits add up to 570 s);
+#   the limits are estimates, not measured on a GPU. Setup, when fairseq must be installed, comes on top.
+# Exit status: 0 when every step finished, 1 when a step failed, was cut short or skipped, 2/3 when setup
+#   failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 OUT="${OUT:-./gpu_out}"
 PY="${PYTHON:-python3}"
-SHAPES="${SHAPES:-iwslt6,deep24}"
-REPEATS="${REPEATS:-6}"
+DEVICE="${DEVICE:-cuda}"
+SCHEMES="${SCHEMES:-}"
+BUDGET_S="${BUDGET_S:-570}"
+SHAPES="${SHAPES:-iwslt6}"
+REPEATS="${REPEATS:-3}"
 WARMUP="${WARMUP:-1}"
-RUN_TIMEOUT="${RUN_TIMEOUT:-150}"
-BUDGET_S="${BUDGET_S:-450}"
 DTYPES="${DTYPES:-fp32 bf16 fp16}"
+PREC_DEPTHS="${PREC_DEPTHS:-6,12,24,48}"
+PREC_WIDTH="${PREC_WIDTH:-512}"
+PREC_UPDATES="${PREC_UPDATES:-10}"
+OVERFLOW_UPDATES="${OVERFLOW_UPDATES:-30}"
+OVERFLOW_RUNS="${OVERFLOW_RUNS:-resi_dual,resi_dual:--resi-dual-scale 0.05,pre_ln}"
+DEVICE_S="${DEVICE_S:-60}"
+DDP_S="${DDP_S:-75}"
+PREC_S="${PREC_S:-120}"
+OVERFLOW_S="${OVERFLOW_S:-45}"
+SPEED_S="${SPEED_S:-90}"
+GEN_SENTENCES="${GEN_SENTENCES:-$([ "$DEVICE" = cpu ] && echo 2 || echo 32)}"
+DDP_CONFIGS="${DDP_CONFIGS:-}"
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
+: > "$OUT/steps.tsv"
 
 # =============================================================================================
-# setup: make `import fairseq` work. Tries, in order:
-#   1. fairseq already importable: nothing to do;
-#   2. wheels in .whl/ (e.g. fairseq_fixed-0.12.3.1-cp312-*.whl built for this Python, plus its
-#      dependencies hydra-core, omegaconf, antlr4-python3-runtime, bitarray, regex, sacrebleu...):
-#      installed offline, first resolving, then as-is without dependency resolution;
-#   3. pip from the package index: `pip install --no-build-isolation fairseq-fixed==0.12.3.1`
-#      (a source build: needs a C/C++ compiler, Python headers, cython and numpy; takes minutes).
-# The installed torch (and numpy) are pinned through PIP_CONSTRAINT so that pip cannot replace the
-# CUDA torch (fairseq-fixed depends on torchaudio, which pins an exact torch). .whl/ is git-ignored:
-# carry it to the machine explicitly.
+# setup: make `import fairseq` work: already importable; else wheels in .whl/ (offline; git-ignored:
+# carry it to the machine); else `pip install --no-build-isolation fairseq-fixed==0.12.3.1` (a source
+# build, minutes). The installed torch and numpy are pinned (PIP_CONSTRAINT) so that pip cannot replace the
+# CUDA torch (fairseq-fixed depends on torchaudio, which pins an exact torch).
 # =============================================================================================
+probe() {  # one Python start: torch, CUDA when asked for, fairseq; writes env.txt. 2: no torch, 4: no CUDA, 5: no fairseq
+    DEVICE="$DEVICE" "$PY" - > "$OUT/env.txt" 2>&1 <<'EOF'
+import os, sys
+try:
+    import torch
+except ImportError:
+    sys.exit(2)
+gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+if os.environ["DEVICE"] != "cpu" and not torch.cuda.is_available():
+    sys.exit(4)
+try:
+    import fairseq
+except ImportError:
+    sys.exit(5)
+print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda,
+      "| fairseq", fairseq.__version__, "| gpus:", ", ".join(gpus) or "none")
+print("gpu_count", len(gpus))
+EOF
+}
+
 setup() {
     echo "== setup ($(date -u +%FT%TZ))"
-    if ! "$PY" -c 'import torch' 2>/dev/null; then
-        echo "gpu_check: '$PY' cannot import torch: install a CUDA build of torch, or set PYTHON=..."
-        return 2
-    fi
-    if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-        echo "gpu_check: torch.cuda.is_available() is False for '$PY': no GPU visible or a CPU-only torch"
-        return 2
-    fi
-    if "$PY" -c 'import fairseq' 2>/dev/null; then
-        echo "fairseq is importable: nothing to install"
-        return 0
-    fi
+    probe
+    local rc=$?
+    case $rc in
+        0) echo "torch and fairseq are importable: nothing to install"; return 0 ;;
+        2) echo "gpu_check: '$PY' cannot import torch: install a CUDA build of torch, or set PYTHON=..."; return 2 ;;
+        4) echo "gpu_check: torch.cuda.is_available() is False for '$PY': no GPU visible or a CPU-only torch"
+           echo "  (DEVICE=cpu runs every step on the CPU as a dry run)"; return 2 ;;
+        5) ;;
+        *) cat "$OUT/env.txt"; return 2 ;;
+    esac
     local constraints="$OUT/pip-constraints.txt"
-    "$PY" - > "$constraints" <<'EOF'
-import torch
-print("torch==" + torch.__version__)
-try:
-    import numpy
-    print("numpy==" + numpy.__version__)
-except ImportError:
-    pass
-EOF
+    "$PY" -c 'import torch; print("torch==" + torch.__version__)' > "$constraints"
+    "$PY" -c 'import numpy; print("numpy==" + numpy.__version__)' >> "$constraints" 2>/dev/null
     export PIP_CONSTRAINT="$constraints"
     export PIP_BREAK_SYSTEM_PACKAGES=1  # a disposable machine's system Python may be "externally managed"
-    echo "pinned for pip: $(tr '\n' ' ' < "$constraints")"
     if ls .whl/*.whl >/dev/null 2>&1; then
         echo "installing fairseq from .whl/ (offline)"
         "$PY" -m pip install --no-index --find-links .whl fairseq-fixed \
@@ -79,61 +115,88 @@ EOF
         "$PY" -m pip install --retries 0 --timeout 20 cython numpy setuptools wheel \
             && "$PY" -m pip install --retries 0 --timeout 20 --no-build-isolation fairseq-fixed==0.12.3.1
     fi
-    if ! "$PY" -c 'import fairseq' ; then
-        echo "gpu_check: fairseq is still not importable. Without network, build the wheels elsewhere"
-        echo "  for this machine's Python ($("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')):"
-        echo "  pip wheel --no-build-isolation fairseq-fixed==0.12.3.1 -w .whl   (needs a compiler), put"
-        echo "  them and their dependencies' wheels in .whl/ and carry .whl to this machine."
+    if ! probe; then
+        echo "gpu_check: fairseq is still not importable. Without network, build the wheels elsewhere for this"
+        echo "  machine's Python: pip wheel --no-build-isolation fairseq-fixed==0.12.3.1 -w .whl (needs a"
+        echo "  compiler), put them and their dependencies' wheels in .whl/ and carry .whl to this machine."
         return 3
     fi
-    echo "fairseq installed"
 }
 
 setup 2>&1 | tee "$OUT/setup.log"
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 0 ] || exit "$rc"
-
-"$PY" - > "$OUT/env.txt" 2>&1 <<'EOF'
-import sys, torch, fairseq
-print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda,
-      "| fairseq", fairseq.__version__, "|", torch.cuda.get_device_name(0),
-      "| %.0f GiB" % (torch.cuda.get_device_properties(0).total_memory / 2**30))
-EOF
-cat "$OUT/env.txt"
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu \
-    --format=csv >> "$OUT/env.txt" 2>&1
+head -n 1 "$OUT/env.txt"
+GPUS=$(sed -n 's/^gpu_count //p' "$OUT/env.txt")
+GPUS=${GPUS:-0}
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv >> "$OUT/env.txt" 2>&1
 
 # =============================================================================================
-# benchmarks
+# steps: each under its own time limit and the shared budget; each line of steps.tsv is written as the
+# step ends
 # =============================================================================================
 start=$SECONDS
 failed=0
-for dtype in $DTYPES; do
-    left=$(( BUDGET_S - (SECONDS - start) ))
-    if [ "$left" -lt $(( RUN_TIMEOUT / 2 )) ]; then
-        echo "== $dtype: skipped, ${left}s of the ${BUDGET_S}s budget left"
+step() {  # step NAME LIMIT_S COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    local left=$(( BUDGET_S - (SECONDS - start) ))
+    if [ "$left" -lt 20 ]; then
+        echo "== $name: skipped, ${left}s of the ${BUDGET_S}s budget left"
+        printf '%s\tskipped\t0\n' "$name" >> "$OUT/steps.tsv"
         failed=1
-        continue
+        return
     fi
-    limit=$(( left < RUN_TIMEOUT ? left : RUN_TIMEOUT ))
-    extra=()
-    [ "$dtype" = fp16 ] && extra=(--resi-dual-scale 0.05)  # the paper's fp16 setting
-    echo "== $dtype (limit ${limit}s)"
-    timeout -k 10 "$limit" "$PY" scripts/speed_benchmark.py --device cuda --dtype "$dtype" \
-        --shapes "$SHAPES" --repeats "$REPEATS" --warmup "$WARMUP" --out "$OUT/bench_$dtype.json" \
-        "${extra[@]}" 2> "$OUT/bench_$dtype.err" | tee "$OUT/bench_$dtype.txt"
-    rc=${PIPESTATUS[0]}
+    [ "$left" -lt "$limit" ] && limit=$left
+    echo "== $name (limit ${limit}s, $(date -u +%T))"
+    local t0=$SECONDS
+    timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    printf '%s\t%s\t%s\n' "$name" "$rc" "$(( SECONDS - t0 ))" >> "$OUT/steps.tsv"
+    grep -v -e '^INFO' -e '^DEBUG' -e 'Warning' -e '^ *warnings.warn' "$OUT/$name.log" | tail -n 25
     if [ "$rc" -ne 0 ]; then
         failed=1
-        echo "== $dtype: exit status $rc$([ "$rc" -ge 124 ] && echo ' (time limit)'); last lines of stderr:"
-        tail -n 15 "$OUT/bench_$dtype.err"
+        echo "== $name: exit status $rc$([ "$rc" -ge 124 ] && echo ' (time limit)')"
     fi
-    echo "== $dtype: $(( SECONDS - start ))s elapsed"
+}
+
+scheme_args=()
+[ -n "$SCHEMES" ] && scheme_args=(--schemes "$SCHEMES")
+if [ "$DEVICE" = cpu ]; then  # the dry run: toy sizes
+    prec_size=(--embed-dim 16 --ffn-dim 16 --heads 2 --batch 4 --batches 1)
+    speed_models=(--models "transformer_post_ln,transformer_pre_ln,${SCHEMES:-post_ln}")
+else
+    prec_size=(--embed-dim "$PREC_WIDTH" --ffn-dim $(( 4 * PREC_WIDTH )) --heads 8)
+    speed_models=()
+    [ -n "$SCHEMES" ] && speed_models=(--models "transformer_post_ln,transformer_pre_ln,$SCHEMES")
+fi
+
+step device "$DEVICE_S" "$PY" scripts/device_check.py --device "$DEVICE" "${scheme_args[@]}" --out "$OUT/device.json"
+
+if [ "$GPUS" -ge 2 ] || [ "$DEVICE" = cpu ]; then  # on the CPU: gloo, the same script
+    ddp_args=()
+    [ -n "$DDP_CONFIGS" ] && ddp_args=(--configs "$DDP_CONFIGS")
+    step ddp "$DDP_S" "$PY" -m torch.distributed.run --nnodes 1 --nproc_per_node 2 --master_port 29517 \
+        scripts/ddp_check.py --device "$DEVICE" "${scheme_args[@]}" "${ddp_args[@]}" --out "$OUT/ddp.json"
+else
+    echo "$GPUS GPU(s) visible: the 2-GPU DDP check needs two" | tee "$OUT/ddp.skipped"
+fi
+
+step precision "$PREC_S" "$PY" scripts/precision_check.py --device "$DEVICE" --dtype fp16 "${scheme_args[@]}" \
+    --depths "$PREC_DEPTHS" --updates "$PREC_UPDATES" "${prec_size[@]}" \
+    --out "$OUT/precision.json" --markdown "$OUT/precision.md"
+
+step overflow "$OVERFLOW_S" "$PY" scripts/precision_check.py --device "$DEVICE" \
+    --overflow "$OVERFLOW_RUNS" --layers-fp16 "${PREC_DEPTHS##*,}" \
+    --updates "$OVERFLOW_UPDATES" "${prec_size[@]}" --out "$OUT/overflow.json"
+
+for dtype in $DTYPES; do
+    step "bench_$dtype" "$SPEED_S" "$PY" scripts/speed_benchmark.py --device "$DEVICE" --dtype "$dtype" \
+        --shapes "$SHAPES" --repeats "$REPEATS" --warmup "$WARMUP" --gen-sentences "$GEN_SENTENCES" "${speed_models[@]}" \
+        --out "$OUT/bench_$dtype.json"
+    cp "$OUT/bench_$dtype.log" "$OUT/bench_$dtype.txt"
 done
 
-# =============================================================================================
-# summary
-# =============================================================================================
-PYTHONPATH="$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m residual_studies.shell speed-summary "$OUT" $DTYPES \
-    | tee "$OUT/summary.txt"
+PYTHONPATH="$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m residual_studies.shell speed-summary "$OUT" $DTYPES 2>&1 | tee "$OUT/summary.txt"
+echo "== done in $(( SECONDS - start ))s; steps: $(tr '\t\n' ' ;' < "$OUT/steps.tsv")"
 exit "$failed"

@@ -37,7 +37,9 @@ fp16: fairseq's ``--fp16`` / ``--bf16`` optimiser keeps an fp32 copy of the weig
 the first batch and copies back after every step, so an omega profiled at the first batch would be
 overwritten. Automatic profiling is therefore refused with them (when the options are visible to the
 model, i.e. ``fairseq-train``); ``--admin-profile FILE`` (applied at build, before that copy),
-``--amp`` or ``--memory-efficient-fp16`` work.
+``--amp`` or ``--memory-efficient-fp16`` work. ``--memory-efficient-bf16`` keeps the profile too, but without
+an fp32 copy a bf16 weight takes no update below half its spacing (2^-9 of its size): the omegas stay at their
+profile unless the learning rate is above about 4e-3.
 """
 import logging
 import math
@@ -243,7 +245,7 @@ def apply_profile(stack, ratios) -> None:
         for omega, r in zip(omega_parameters(stack), ratios):
             omega.fill_(float(r))
         prof = stack.residual.profile
-        prof.copy_(torch.tensor([float(r) for r in ratios], dtype=prof.dtype))
+        prof.copy_(torch.tensor([float(r) for r in ratios], dtype=prof.dtype, device=prof.device))
         stack.residual.profiled.fill_(1)
 
 
@@ -361,12 +363,15 @@ class Admin(ResidualScheme):
             return
         for flag in ("fp16", "bf16"):
             if getattr(args, flag, False) and not getattr(args, f"memory_efficient_{flag}", False):
+                others = ("use --amp or --memory-efficient-fp16" if flag == "fp16" else
+                          "use --memory-efficient-bf16, which keeps the profile but, with no fp32 copy, applies no "
+                          "update smaller than 2^-9 of a bf16 weight: omegas of 1-2 stay at their profile unless "
+                          "the learning rate is above about 4e-3")
                 raise ValueError(
                     f"--{flag} keeps an fp32 copy of the weights made before the first batch, which would "
                     f"overwrite the omegas Admin profiles on that batch: profile once in fp32 (train 1 "
                     f"update, then python -m fairseq_residual.schemes.admin CHECKPOINT profile.ratio.init) "
-                    f"and pass --admin-profile profile.ratio.init, or use --amp or "
-                    f"--memory-efficient-{flag}"
+                    f"and pass --admin-profile profile.ratio.init, or {others}"
                 )
 
     def sublayer_residual(self, cfg, site):

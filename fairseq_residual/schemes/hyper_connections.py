@@ -137,10 +137,11 @@ class StreamsStack(StackResidual):
         return [x.unsqueeze(0).expand([self.n_streams] + list(x.shape))]
 
     def final_input(self, state: List[Tensor]) -> Tensor:
-        return state[0].sum(dim=0)
+        """``sum_i h_i`` (T x B x C), accumulated in fp32 under fp16/bf16: trained streams may cancel."""
+        return state[0].float().sum(dim=0).to(state[0].dtype)
 
     def view(self, state: List[Tensor]) -> Tensor:
-        return state[0].sum(dim=0)
+        return state[0].float().sum(dim=0).to(state[0].dtype)
 
     @torch.jit.unused
     def streams(self, state: List[Tensor]) -> Dict[str, Tensor]:

@@ -22,10 +22,16 @@ elsewhere: huggingface/transformers' DeepSeek-V4 port (projections N(0, initiali
 mixing starts undamped and on average uniform, not the identity), lucidrains/hyper-connections (one-hot /
 identity logits: H_pre 0.731 on one stream and 0.5 elsewhere, H_post 1.462, H_res = SK(exp(I)) = 0.475 on
 the diagonal and 0.175 off it), tokenbender/mHC-lite (logits 0 on the identity, -8 elsewhere). Here:
-``phi = 0``, ``b_pre = b_post = 0`` (``H_pre = 1/2``, ``H_post = 1``), ``b_res = 0`` on the diagonal and -8 off
-it (``H_res`` within 1.3e-3 of the identity), gates 0.01: at initialisation every stream equals the Pre-LN
-residual stream and the branch reads ``LN(n/2 * x) = LN(x)``, so the model starts as Pre-LN, as
-hyper-connections do. Weight decay: the paper does not say which parameters it exempts; all are decayed.
+``phi = 0``, ``b_pre`` one-hot on stream ``k mod n`` for the stack's k-th sub-layer (``H_pre`` = sigmoid(1) =
+0.731 there and 1/2 elsewhere, lucidrains' pre logits), ``b_post = 0`` (``H_post = 1``), ``b_res = 0`` on the
+diagonal and -8 off it (``H_res`` within 1.3e-3 of the identity), gates 0.01: at initialisation every stream
+equals the Pre-LN residual stream and the branch reads ``LN(a * x) = LN(x)`` (a = 0.731 + (n - 1)/2), so the
+model starts as Pre-LN, as hyper-connections do. The one-hot ``b_pre`` is what lets the streams part: with
+every ``H_pre`` equal, the n streams, their gradients and every update are symmetric under permuting the
+streams, so they stay copies of one another for good (trained in fp32 without it, ``alpha_res`` and
+``phi_res`` take no update beyond rounding: the model stays Pre-LN with n-fold the cost); hyper-connections
+break the same symmetry with their one-hot ``A_m``. Weight decay: the paper does not say which parameters it
+exempts; all are decayed.
 
 Per stack: every stream starts as a copy of the embedding output; the stack output is
 ``LN_final(sum_i h_i)`` (the paper gives no final merge; this is hyper-connections'). The project's reading
@@ -86,7 +92,7 @@ class ManifoldHyperConnection(SublayerResidual):
         self.phi_pre = nn.Parameter(torch.zeros(n * c, n))
         self.phi_post = nn.Parameter(torch.zeros(n * c, n))
         self.phi_res = nn.Parameter(torch.zeros(n * c, n * n))
-        self.b_pre = nn.Parameter(torch.zeros(n))
+        self.b_pre = nn.Parameter(torch.zeros(n).index_fill_(0, torch.tensor(site.index % n), 1.0))  # symmetry
         self.b_post = nn.Parameter(torch.zeros(n))
         self.b_res = nn.Parameter(torch.full((n, n), OFF_DIAGONAL_LOGIT).fill_diagonal_(0.0))
         self.alpha_pre = nn.Parameter(torch.full((), 1e-2))
