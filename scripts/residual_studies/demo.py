@@ -44,7 +44,7 @@ from . import PLUGIN_DIR
 from .commands import generate_command
 from .commands import train_command as fairseq_train_command
 from .cell import check_extra_args
-from .data import DEFAULT_CORPUS, MIN_VOCAB, SRC, TGT, check_corpus, decode, prepare
+from .data import DEFAULT_CORPUS, MIN_VOCAB, SRC, TGT, check_corpus, decode, prepare, score
 from .files import file_id, read_json, read_lines, write_json
 from .logs import loss_curves as parse_train_log
 from .logs import read_generate
@@ -188,16 +188,6 @@ def generate(args, scheme, data, run_dir, n_test):
     info = dict(seconds=round(time.time() - t0, 1), cpu_s=round(cpu, 1))
     step.finish(info)
     return hyp_path, info
-
-
-def score(hyp_path, ref_path):
-    from sacrebleu.metrics import BLEU, CHRF
-
-    hyps, refs = read_lines(hyp_path), read_lines(ref_path)
-    bleu, chrf = BLEU(), CHRF()
-    b, c = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
-    return dict(bleu=round(b.score, 2), bleu_detail=str(b), bleu_signature=str(bleu.get_signature()),
-                chrf=round(c.score, 2), chrf_signature=str(chrf.get_signature()))
 
 
 # ------------------------------------------------------------------------------------------------
