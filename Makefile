@@ -1,4 +1,5 @@
-# fairseq-residual: the two commands are `make test` and `make demo` (`make test-fast`: the tests not marked slow).
+# fairseq-residual: the two commands are `make test` and `make demo` (`make test-fast`: the tests that start
+# no process, see tests/process_guard.py).
 # Both create the virtual environment in .venv when it is missing.
 PYTHON ?= python3
 VENV ?= .venv
@@ -6,8 +7,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# pytest-xdist workers: the suite's fairseq runs are single-threaded, so one worker per core; whole test
-# files go to one worker (--dist loadfile), so that a module's trained fixtures are built once
+# pytest-xdist workers: the suite's fairseq runs are single-threaded, so one worker per core; tests go one by
+# one to whichever worker is free, those sharing a module-scoped fixture to one worker (--dist loadgroup, the
+# groups made in tests/conftest.py), so that a module's trained fixtures are built once
 PYTEST_WORKERS ?= 2
 
 .PHONY: venv test test-fast demo demo-long clean-venv
@@ -25,12 +27,14 @@ $(STAMP): setup.py
 	$(PIP) install -q --no-build-isolation -e ".[test]"
 	touch $(STAMP)
 
+# the whole suite: what CI runs (.ci/run)
 test: $(STAMP)
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests $(PYTEST_ARGS)
 
-# every test not marked `slow` (see pytest.ini): no fairseq CLI runs, about a minute
+# the fast lane: every test not marked slow, i.e. every test that starts no process (a test that does and is
+# not marked fails, saying so: tests/process_guard.py); fairseq's tools only in-process, in one smoke test
 test-fast: $(STAMP)
-	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not slow" tests $(PYTEST_ARGS)
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" tests $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	PATH=$(abspath $(VENV))/bin:$$PATH bash scripts/run_demo.sh $(DEMO_ARGS)

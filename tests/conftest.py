@@ -7,8 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Exactness by construction: MKL (torch's BLAS on x86) picks code paths by the memory alignment of its
+# arguments unless its conditional numerical reproducibility is on, so that two runs of the same operations on
+# the same shapes (a resumed run and an uninterrupted one, a model and its state-dict twin) could differ in
+# the last bit. STRICT makes its results independent of alignment on a given CPU and thread count. Set before
+# torch loads MKL; subprocesses inherit it (cli_env copies os.environ).
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "fairseq_residual")
@@ -25,25 +32,22 @@ for _key, _value in MALLOC_ENV.items():
     os.environ.setdefault(_key, _value)
 
 
-#: test files that run fairseq's CLIs but mark neither their slow tests (``slow``) nor their in-process ones
-#: (``model``): every test in them counts as slow, until the file marks its slow tests itself
-UNMARKED_CLI_FILES = ("test_analyze", "test_checkpoint_safety", "test_cli", "test_configs")
+# the fast lane by construction (tests/process_guard.py): a test not marked slow may not start a process
+pytest_plugins = ["process_guard", "pytester"]
+from process_guard import slow_fixture  # noqa: E402
+from inprocess import fairseq_main  # noqa: E402
 
 
-def pytest_collection_modifyitems(items):
-    """The marker ``slow`` (``make test-fast`` deselects it): a file that marks its slow tests is taken as it
-    is; in a file that marks in-process tests ``model`` instead, the others are slow; in the files of
-    :data:`UNMARKED_CLI_FILES` every test is."""
-    by_file = {}
-    for item in items:
-        by_file.setdefault(item.module.__name__, []).append(item)
-    for name, tests in by_file.items():
-        if any(t.get_closest_marker("slow") for t in tests):
-            continue
-        uses_model = any(t.get_closest_marker("model") for t in tests)
-        for t in tests:
-            if (uses_model and not t.get_closest_marker("model")) or name in UNMARKED_CLI_FILES:
-                t.add_marker(pytest.mark.slow)
+def pytest_itemcollected(item):
+    """pytest-xdist's ``--dist loadgroup`` (the Makefile's): tests run one by one on whichever worker is free,
+    except that the tests of a file that share a module-scoped fixture of that file (a trained model, a
+    study run) go to one worker, which builds it once (``xdist_group``, by construction: no list by hand;
+    marked as each test is collected, before xdist reads the marks)."""
+    path = item.nodeid.split("::")[0]
+    info = getattr(item, "_fixtureinfo", None)
+    if info is not None and any(fd.scope == "module" and fd.baseid == path
+                                for defs in info.name2fixturedefs.values() for fd in defs):
+        item.add_marker(pytest.mark.xdist_group(path))
 
 
 def cli_env():
@@ -148,19 +152,15 @@ def write_tiny_parallel(directory, n_train=240, n_valid=24, n_test=24, seed=0):
     return directory
 
 
-@pytest.fixture(scope="session")
+@slow_fixture(scope="session")
 def tiny_data_bin(tmp_path_factory):
     """A binarized tiny corpus with a joined dictionary: ``(raw_dir, bin_dir)``."""
     root = tmp_path_factory.mktemp("tiny_corpus")
     raw = write_tiny_parallel(root / "raw")
     binned = root / "bin"
-    run_cli(
-        [
-            "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
-            "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
-            "--destdir", binned, "--joined-dictionary", "--workers", "1",
-        ]
-    )
+    fairseq_main("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
+                 "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", binned,
+                 "--joined-dictionary", "--workers", "1")
     return raw, binned
 
 
@@ -204,7 +204,7 @@ def corpus_head(tmp_path_factory):
     return head
 
 
-@pytest.fixture(scope="session")
+@slow_fixture(scope="session")
 def shipped_data_bin(tmp_path_factory, corpus_head):
     """The first pairs of the shipped German-English corpus (data/ding-de-en), whitespace-tokenised and
     binarized with a joined dictionary capped at 2,000 types: ``(raw_dir, bin_dir)``, lang de -> en.
@@ -213,11 +213,7 @@ def shipped_data_bin(tmp_path_factory, corpus_head):
     text, small enough for CI."""
     raw = corpus_head(400, 24, 24)
     binned = tmp_path_factory.mktemp("shipped_corpus") / "bin"
-    run_cli(
-        [
-            "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
-            "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
-            "--destdir", binned, "--joined-dictionary", "--nwordssrc", "2000", "--workers", "1",
-        ]
-    )
+    fairseq_main("fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--trainpref", raw / "train",
+                 "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", binned,
+                 "--joined-dictionary", "--nwordssrc", "2000", "--workers", "1")
     return raw, binned

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import USER_DIR, build_model, make_dictionary, random_batch, run_cli
+from inprocess import fairseq_main
 from references import ref_attention, ref_ffn, ref_ln
 from fairseq_residual.schemes import admin as admin_scheme
 
@@ -78,7 +79,6 @@ def log_probs(model, src, lengths, prev):
     return model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
 
 
-@pytest.mark.model
 def test_profile_equals_reference_recursion(caplog):
     d = make_dictionary()
     model, _, _ = build_model("residual_transformer_tiny", *FLAGS, *NO_DROPOUT, dictionary=d)
@@ -121,7 +121,6 @@ def test_profile_equals_reference_recursion(caplog):
     assert torch.all(omega_of(model.encoder.layers[0], "self_attn") == 7.0)
 
 
-@pytest.mark.model
 def test_profile_file_roundtrip_and_errors(tmp_path):
     d = make_dictionary()
     model, _, _ = build_model("residual_transformer_tiny", *FLAGS, *NO_DROPOUT, dictionary=d)
@@ -173,7 +172,6 @@ def test_profile_file_roundtrip_and_errors(tmp_path):
                     dictionary=d)
 
 
-@pytest.mark.model
 def test_fp16_without_profile_is_refused():
     with pytest.raises(ValueError, match="--fp16 keeps an fp32 copy"):
         build_model("residual_transformer_tiny", *FLAGS, "--fp16")
@@ -187,9 +185,16 @@ TRAIN_FLAGS = [
 ]
 
 
-def train(data_bin, save_dir, *flags, max_update, check=True):
+def train(data_bin, save_dir, *flags, max_update):
+    """fairseq-train in-process; returns its log."""
+    return fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save_dir,
+                        "--max-update", max_update, *TRAIN_FLAGS, *flags)
+
+
+def cli_train(data_bin, save_dir, *flags, max_update):
+    """fairseq-train as a process of its own (what a user sees: exit status and message)."""
     return run_cli(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save_dir,
-                    "--max-update", max_update, *TRAIN_FLAGS, *flags], check=check)
+                    "--max-update", max_update, *TRAIN_FLAGS, *flags], check=False)
 
 
 def load(path):
@@ -201,7 +206,7 @@ def load(path):
 def test_cli_train_resume_generate_and_profile_file(tiny_data_bin, tmp_path):
     raw, data_bin = tiny_data_bin
     save = tmp_path / "ckpt"
-    log = train(data_bin, save, max_update=2).stdout
+    log = train(data_bin, save, max_update=2)
     profiled = r"Admin omegas of the (encoder|decoder) \(profiled on the first training batch\)"
     assert len(re.findall(profiled, log)) == 2
     first = load(save / "checkpoint_last.pt")
@@ -211,7 +216,7 @@ def test_cli_train_resume_generate_and_profile_file(tiny_data_bin, tmp_path):
     assert profile["encoder"].numel() == 4 and profile["decoder"].numel() == 6 and profile["encoder"][0] == 1
 
     # resume to 4 updates: not re-profiled, and the log says so
-    log = train(data_bin, save, max_update=4).stdout
+    log = train(data_bin, save, max_update=4)
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 2 updates\)", log)
     assert "profiled on the first training batch" not in log
     assert "Admin omegas already profiled (profiled=1, from the checkpoint" in log
@@ -222,9 +227,9 @@ def test_cli_train_resume_generate_and_profile_file(tiny_data_bin, tmp_path):
     name = "encoder.layers.1.ffn_residual.omega"
     assert not torch.allclose(second[name], first[name])
 
-    gen = run_cli(["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
-                   "--beam", "5", "--batch-size", "16", "--required-batch-size-multiple", "1",
-                   "--num-workers", "0"]).stdout
+    gen = fairseq_main("fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
+                       "--beam", "5", "--batch-size", "16", "--required-batch-size-multiple", "1",
+                       "--num-workers", "0")
     assert len([x for x in gen.splitlines() if x.startswith("H-")]) == sum(1 for _ in open(raw / "test.src"))
     assert re.search(r"Generate test with beam=5: BLEU4 = \d+\.\d+", gen)
     assert "before it was profiled" not in gen
@@ -234,18 +239,17 @@ def test_cli_train_resume_generate_and_profile_file(tiny_data_bin, tmp_path):
     proc = run_cli([sys.executable, "-m", "fairseq_residual.schemes.admin", save / "checkpoint_last.pt", out])
     assert f"wrote {out}" in proc.stdout
     assert len(out.read_text().splitlines()) == 10
-    log = train(data_bin, tmp_path / "from_file", "--admin-profile", out, max_update=1).stdout
+    log = train(data_bin, tmp_path / "from_file", "--admin-profile", out, max_update=1)
     assert f"Admin omegas read from --admin-profile {out}" in log
     assert "profiled on the first training batch" not in log
     third = load(tmp_path / "from_file" / "checkpoint_last.pt")
     assert torch.allclose(third["decoder.residual.profile"], profile["decoder"])
 
     # the user errors, through the CLI
-    proc = train(data_bin, tmp_path / "deep", "--admin-profile", out, "--encoder-layers", 3, max_update=1,
-                 check=False)
+    proc = cli_train(data_bin, tmp_path / "deep", "--admin-profile", out, "--encoder-layers", 3, max_update=1)
     assert proc.returncode != 0 and "profiled at another depth" in proc.stdout
     assert "3 encoder and 2 decoder layers needs 12" in proc.stdout
-    proc = train(data_bin, tmp_path / "missing", "--admin-profile", tmp_path / "nope", max_update=1, check=False)
+    proc = cli_train(data_bin, tmp_path / "missing", "--admin-profile", tmp_path / "nope", max_update=1)
     assert proc.returncode != 0 and "nope: no such file" in proc.stdout
     assert not (tmp_path / "missing" / "checkpoint_last.pt").exists()
 
@@ -312,7 +316,6 @@ def test_two_process_gloo_run_uses_one_profile(tiny_data_bin, tmp_path):
         assert torch.equal(final[0][f"{s}.residual.profile"], local[0][s])
 
 
-@pytest.mark.model
 def test_layerdrop_profiles_every_layer():
     """With --encoder-layerdrop / --decoder-layerdrop 0.5 the first training batch still profiles every
     sub-layer (layer-drop is off while it profiles): one omega per sub-layer, none left at 1 but the first,
@@ -338,7 +341,6 @@ def _profile_lines(encoder_layers=2, decoder_layers=2):
     return [f"{k} {1.0 + k / 10}" for n in (2 * encoder_layers, 3 * decoder_layers) for k in range(1, n + 1)]
 
 
-@pytest.mark.model
 @pytest.mark.parametrize("bad", ["inf 1.0", "-inf 1.0", "1e999 1.0", "nan 1.0", "3.5 1.0", "x 1.0", "3 1.0 7"])
 def test_malformed_profile_line_is_named_with_its_fix(bad, tmp_path):
     lines = _profile_lines()
@@ -352,7 +354,6 @@ def test_malformed_profile_line_is_named_with_its_fix(bad, tmp_path):
     assert "drop --admin-profile" in msg and "python -m fairseq_residual.schemes.admin CHECKPOINT OUT" in msg
 
 
-@pytest.mark.model
 def test_binary_or_empty_profile_file_is_named_with_its_fix(tmp_path):
     import zipfile
 
@@ -382,15 +383,12 @@ def test_binary_or_empty_profile_file_is_named_with_its_fix(tmp_path):
 
 
 def test_profile_exporter_on_empty_or_truncated_checkpoint_exits_1_naming_it(tmp_path, capsys):
-    import subprocess
-
     empty = tmp_path / "checkpoint_last.pt"
     empty.write_bytes(b"")
     out = tmp_path / "profile.ratio.init"
-    proc = subprocess.run([sys.executable, "-m", "fairseq_residual.schemes.admin", str(empty), str(out)],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert f"\nerror: checkpoint {empty} is empty (0 bytes" in "\n" + proc.stderr, proc.stderr
+    assert admin_scheme.main([str(empty), str(out)]) == 1  # python -m fairseq_residual.schemes.admin's main
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: checkpoint {empty} is empty (0 bytes"), err
     assert not out.exists()
 
     full = tmp_path / "checkpoint_1_2.pt"

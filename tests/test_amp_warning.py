@@ -8,6 +8,7 @@ import re
 import pytest
 
 from conftest import USER_DIR, run_cli
+from inprocess import fairseq_main
 
 TRAIN = [
     "--arch", "residual_transformer_tiny", "--residual-scheme", "post_ln", "--optimizer", "adam", "--lr", "1e-3",
@@ -18,8 +19,8 @@ TRAIN = [
 
 def test_amp_on_cpu_training_logs_a_warning(tiny_data_bin):
     _, data_bin = tiny_data_bin
-    out = run_cli(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--task", "translation", "--cpu", "--amp",
-                   *TRAIN]).stdout
+    out = fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--task", "translation", "--cpu", "--amp",
+                       *TRAIN)
     warning = [line for line in out.splitlines() if "WARNING" in line and "--amp" in line]
     assert len(warning) == 1, out[-3000:]
     assert "fairseq's AMP is CUDA-only" in warning[0] and "trains in fp32" in warning[0]

@@ -26,6 +26,8 @@ import pytest
 import torch
 
 from fairseq_residual.schemes import SCHEMES as SCHEME_REGISTRY
+from inprocess import fairseq_main
+from process_guard import slow_fixture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(ROOT, "fairseq_residual")
@@ -57,7 +59,7 @@ def _head(src, dst, n):
         f.write("".join(line + "\n" for line in lines))
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def data(tmp_path_factory):
     """Binarized tiny corpus: train 80 pairs, valid 24, and an empty 'test' subset."""
     root = tmp_path_factory.mktemp("analyze_data")
@@ -65,12 +67,9 @@ def data(tmp_path_factory):
         _head(os.path.join(CORPUS, f"train.{lang}"), root / f"train.{lang}", 80)
         _head(os.path.join(CORPUS, f"valid.{lang}"), root / f"valid.{lang}", 24)
         (root / f"empty.{lang}").write_text("")
-    proc = subprocess.run(
-        ["fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref", str(root / "train"),
-         "--validpref", str(root / "valid"), "--testpref", str(root / "empty"),
-         "--joined-dictionary", "--destdir", str(root / "bin"), "--workers", "1"],
-        capture_output=True, text=True, env=_env())
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    fairseq_main("fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref", root / "train", "--validpref",
+                 root / "valid", "--testpref", root / "empty", "--joined-dictionary", "--destdir", root / "bin",
+                 "--workers", "1")
     return str(root / "bin")
 
 
@@ -309,17 +308,16 @@ def test_safe_scale_rule():
 
 def _train(data, save_dir, interval, updates=4, extra=(), task="translation_with_grad_norms"):
     task_args = ["--task", task] + (["--log-grad-norm-interval", str(interval)] if task != "translation" else [])
-    cmd = ["fairseq-train", data, "--user-dir", USER_DIR, *task_args, "--arch", "residual_transformer_tiny",
+    cmd = [data, "--user-dir", USER_DIR, *task_args, "--arch", "residual_transformer_tiny",
            "--residual-scheme", "post_ln", "--share-all-embeddings", "--optimizer", "adam",
            "--lr", "1e-3", "--max-tokens", "400", "--max-update", str(updates),
            "--required-batch-size-multiple", "1", "--criterion", "label_smoothed_cross_entropy",
            "--label-smoothing", "0.1", "--log-format", "json", "--log-interval", "1",
            "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--disable-validation",
            "--cpu", "--num-workers", "0", "--seed", "1", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    inner = [json.loads(m.group(1)) for m in re.finditer(r"\| train_inner \| (\{.*\})", proc.stdout + proc.stderr)]
-    epoch = [json.loads(m.group(1)) for m in re.finditer(r"\| train \| (\{.*\})", proc.stdout + proc.stderr)]
+    log = fairseq_main("fairseq-train", *cmd)
+    inner = [json.loads(m.group(1)) for m in re.finditer(r"\| train_inner \| (\{.*\})", log)]
+    epoch = [json.loads(m.group(1)) for m in re.finditer(r"\| train \| (\{.*\})", log)]
     return inner, epoch
 
 

@@ -19,7 +19,6 @@ from fairseq_residual.schemes import SCHEME_NAMES
 from placement import MetaOracle
 from trainers import samples, save_checkpoint, trainer
 
-pytestmark = pytest.mark.model
 
 FLAGS = ("--dropout", "0.1")
 

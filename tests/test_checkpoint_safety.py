@@ -15,6 +15,7 @@ import textwrap
 import pytest
 
 from conftest import REPO, USER_DIR, cli_env, run_cli
+from inprocess import fairseq_main
 
 # save 1 at update 2 (checkpoint_1_2.pt, copied to checkpoint_last.pt), save 2 at update 4 (checkpoint_1_4.pt)
 TRAIN = [
@@ -116,8 +117,8 @@ def test_killed_save_always_resumes_from_newest_complete_checkpoint(
     else:
         assert (save / f"checkpoint_1_{resumed_at}.pt").exists()
 
-    out = run_cli(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save,
-                   "--max-update", 6, *TRAIN]).stdout
+    out = fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 6,
+                       *TRAIN)
     loaded = re.search(r"Loaded checkpoint (\S+) \(epoch \d+ @ (\d+) updates\)", out)
     assert loaded, out[-3000:]
     assert int(loaded.group(2)) == resumed_at  # nothing already saved is lost
@@ -138,7 +139,7 @@ def test_killed_save_always_resumes_from_newest_complete_checkpoint(
 def test_truncated_checkpoint_is_named_in_generate_and_resume(tiny_data_bin, tmp_path):
     raw, data_bin = tiny_data_bin
     save = tmp_path / "ckpt"
-    run_cli(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 2, *TRAIN])
+    fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 2, *TRAIN)
     bad = tmp_path / "cut.pt"
     bad.write_bytes((save / "checkpoint_last.pt").read_bytes()[:5000])
     gen = run_cli(["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", bad, "--beam", 2,
@@ -181,7 +182,7 @@ def trained_save_dir(tiny_data_bin, tmp_path_factory):
     """A finished run of 4 updates: checkpoint_1_2.pt, checkpoint_1_4.pt and checkpoint_last.pt (update 4)."""
     _, data_bin = tiny_data_bin
     save = tmp_path_factory.mktemp("trained") / "ckpt"
-    run_cli(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 4, *TRAIN])
+    fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 4, *TRAIN)
     return save
 
 
@@ -192,8 +193,8 @@ def _make_newest(path):
 
 
 def _resume(data_bin, save, max_update=6):
-    out = run_cli(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save,
-                   "--max-update", max_update, *TRAIN]).stdout
+    out = fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save,
+                       "--max-update", max_update, *TRAIN)
     loaded = re.search(r"Loaded checkpoint (\S+) \(epoch \d+ @ (\d+) updates\)", out)
     assert loaded, out[-3000:]
     return out, os.path.basename(loaded.group(1)), int(loaded.group(2))
@@ -249,8 +250,8 @@ def foreign_checkpoints(tiny_data_bin, tmp_path_factory):
     found = {}
     for kind, flags in (("scheme", ["--residual-scheme", "pre_ln"]), ("shape", ["--encoder-ffn-embed-dim", "32"])):
         save = root / kind
-        run_cli(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 6,
-                 *TRAIN, *flags])
+        fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 6,
+                     *TRAIN, *flags)
         found[kind] = save / "checkpoint_1_6.pt"
     return found
 

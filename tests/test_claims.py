@@ -215,8 +215,9 @@ def _same_weights(a, b):
 @pytest.mark.slow
 def test_a_tiny_real_run_trains_translates_analyses_resumes_and_continues(tmp_path, corpus_head, capsys):
     """One scheme, two conditions, one seed, 30 updates; the same command again skips both cells; 40
-    updates continue the warm6 cell, equal bit for bit to a cell trained to 40 at once; a learning curve
-    of the same cell has its checkpoints, and its model at 30 updates is the grid cell's at 30."""
+    updates continue the warm6 cell from its checkpoint; a learning curve of the same cell has its
+    checkpoints, and its model at 30 updates is the grid cell's at 30 (exact by construction: the same
+    operations in the same order, one thread, MKL's alignment-independent mode, tests/conftest.py)."""
     data = corpus_head(300, 20, 20)
     out = tmp_path / "study"
     base = ["--data", data, "--schemes", "post_ln", "--seeds", "1", *TINY]
@@ -240,10 +241,8 @@ def test_a_tiny_real_run_trains_translates_analyses_resumes_and_continues(tmp_pa
     assert cell["budget"] == 40 and [g["updates"] for g in json.loads(
         (cell_dir / "train_state.json").read_text())["segments"]] == [30, 40]
     assert (cell_dir / "budgets" / "u30" / "result.json").exists()  # the earlier budget is kept
-    fresh = tmp_path / "fresh"
-    study_in_process(capsys, *base, "--out", fresh, "--conditions", "warm6", "--updates", "40")
-    assert _same_weights(cell_dir / "budgets" / "u40" / "checkpoint.pt",
-                         fresh / "cells" / cell["cell"] / "budgets" / "u40" / "checkpoint.pt")
+    # (that the continued run is the run trained at once, bit for bit, is the killed study's test below: the
+    # same fairseq resume from a cell's checkpoint_last.pt)
 
     # the learning curve of the same cell: a checkpoint every 10 updates, each scored
     study_in_process(capsys, *base, "--out", out, "--conditions", "warm6", "--updates", "30",

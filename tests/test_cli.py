@@ -1,5 +1,10 @@
-"""End to end through the real CLIs: fairseq-preprocess -> fairseq-train -> fairseq-generate, resume,
-fairseq-hydra-train, and the errors a user meets (wrong flag, checkpoint of another scheme)."""
+"""End to end through fairseq's CLIs: fairseq-preprocess -> fairseq-train -> fairseq-generate, resume,
+fairseq-hydra-train, and the errors a user meets (wrong flag, checkpoint of another scheme).
+
+fairseq's tools run in-process (``inprocess.fairseq_main``, their own ``cli_main``) except where the process
+is what is checked (exit status and message of a wrong flag, fairseq-hydra-train's entry point). The smoke
+test (train 3 updates, translate) is the fast lane's one end-to-end run; the round trip (train, translate,
+resume) runs once per code path of the model (:data:`CLI_ROUND_TRIP`)."""
 import math
 import re
 import textwrap
@@ -7,7 +12,8 @@ import textwrap
 import pytest
 import torch
 
-from conftest import USER_DIR, run_cli
+from conftest import USER_DIR, run_cli, write_tiny_parallel
+from inprocess import fairseq_main
 from fairseq_residual.model import ARCH_NAMES
 from fairseq_residual.schemes import SCHEME_NAMES, get_scheme
 
@@ -19,12 +25,16 @@ TRAIN_FLAGS = [
 ]
 
 
-def train(data_bin, save_dir, *flags, max_update=6, check=True):
-    return run_cli(
-        ["fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save_dir,
-         "--max-update", max_update, *TRAIN_FLAGS, *flags],
-        check=check,
-    )
+def train(data_bin, save_dir, *flags, max_update=6):
+    """fairseq-train in-process; returns its log."""
+    return fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save_dir,
+                        "--max-update", max_update, *TRAIN_FLAGS, *flags)
+
+
+def translate(data_bin, checkpoint, *flags):
+    """fairseq-generate (beam 5) in-process; returns what it printed."""
+    return fairseq_main("fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", checkpoint, "--beam", "5",
+                        "--required-batch-size-multiple", "1", "--num-workers", "0", *flags)
 
 
 def load_checkpoint(path):
@@ -34,8 +44,13 @@ def load_checkpoint(path):
     return torch.load(path, map_location="cpu")
 
 
-def test_help_lists_every_preset():
-    out = run_cli(["fairseq-train", "--user-dir", USER_DIR, "--help"]).stdout
+def test_help_lists_every_preset(capsys):
+    from fairseq import options
+
+    with pytest.raises(SystemExit) as exit_:  # fairseq-train --help, as its cli_main parses it
+        options.parse_args_and_arch(options.get_training_parser(), ["--user-dir", USER_DIR, "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
     # argparse wraps help lines anywhere in a long choice list (at hyphens, commas, underscores):
     # compare with all whitespace removed
     flat = re.sub(r"\s+", "", out)
@@ -50,54 +65,67 @@ def test_help_lists_every_preset():
         assert flag in flat
 
 
-# Flags of a scheme's own training recipe, exercised by the matrix (T-Fixup trains without warm-up).
-SCHEME_RECIPE_FLAGS = {"t_fixup": ["--lr-scheduler", "inverse_sqrt_nowarmup", "--decay-period", "100"]}
+def test_smoke_train_three_updates_and_translate(tmp_path):
+    """The fast lane's end-to-end run: binarise a tiny corpus, train ResiDual (the residual protocol's
+    generic loop) 3 updates, translate the test split with beam 5."""
+    raw = write_tiny_parallel(tmp_path / "raw", n_train=64, n_valid=8, n_test=8)
+    data_bin = tmp_path / "bin"
+    fairseq_main("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
+                 "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", data_bin,
+                 "--joined-dictionary", "--workers", "1")
+    log = train(data_bin, tmp_path / "ckpt", "--arch", "residual_transformer_tiny", "--residual-scheme", "resi_dual",
+                max_update=3)
+    assert re.search(r"num_updates[= ]3\b", log), log[-2000:]
+    assert load_checkpoint(tmp_path / "ckpt" / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"] == 3
+    gen = translate(data_bin, tmp_path / "ckpt" / "checkpoint_last.pt", "--max-len-b", "12")
+    assert len([line for line in gen.splitlines() if line.startswith("H-")]) == 8
+    assert re.search(r"Generate test with beam=5: BLEU4 = \d+\.\d+", gen)
 
 
-# The schemes that also translate and resume through the CLI here, one per code path: fairseq's own layers
-# (post_ln), the residual protocol's generic loop (resi_dual), a training hook and its buffers (admin), state
-# across layers (dlcl), several residual streams (hyper_connections). Beam search and resuming are checked for
-# every scheme in-process (test_conformance.py: beam scores, incremental decoding, state-dict round trip;
-# test_checkpoint_devices.py: resume through fairseq's checkpoint loading).
+# The schemes that train, translate and resume through fairseq's CLIs here, one per code path: fairseq's own
+# layers (post_ln), the residual protocol's generic loop (resi_dual), a training hook and its buffers (admin),
+# state across layers (dlcl), several residual streams (hyper_connections). Every scheme trains in
+# test_ddp.py (fairseq's Trainer, DDP) and test_precision.py (bf16/fp16); beam search, incremental decoding and
+# the state-dict round trip run for every scheme in test_conformance.py, resuming through fairseq's checkpoint
+# loading in test_checkpoint_devices.py.
 CLI_ROUND_TRIP = ("post_ln", "resi_dual", "admin", "dlcl", "hyper_connections")
 
 
-@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+@pytest.mark.parametrize("scheme", CLI_ROUND_TRIP)
 def test_train_generate_resume(scheme, shipped_data_bin, tmp_path):
-    """Every registered scheme trains on the shipped corpus; those of ``CLI_ROUND_TRIP`` also translate with
-    beam 5 and resume."""
+    """Train on the shipped corpus, translate with beam 5, resume from checkpoint_last.pt to more updates."""
     assert set(CLI_ROUND_TRIP) <= set(SCHEME_NAMES), "a round-trip scheme is no longer registered"
     raw, data_bin = shipped_data_bin
     save = tmp_path / "ckpt"
-    arch_flags = ["--arch", "residual_transformer_tiny", "--residual-scheme", scheme,
-                  *SCHEME_RECIPE_FLAGS.get(scheme, [])]
-    log = train(data_bin, save, *arch_flags, max_update=6).stdout
-    assert "num_updates=6" in log or "num_updates 6" in log
-    if scheme == "t_fixup":  # the reference's schedule, no warm-up: lr * sqrt(P / (P + t)) after update 6
-        lrs = [float(v) for v in re.findall(r"\| lr (\S+) \|", log)]
-        assert lrs[-1] == pytest.approx(5e-3 * math.sqrt(100 / 106), rel=1e-4)
+    arch_flags = ["--arch", "residual_transformer_tiny", "--residual-scheme", scheme]
+    log = train(data_bin, save, *arch_flags, max_update=6)
+    assert re.search(r"num_updates[= ]6\b", log)
     losses = [float(v) for v in re.findall(r"\| loss (\S+) \|", log)]
     assert losses and all(math.isfinite(v) for v in losses), "finite training loss"
     state = load_checkpoint(save / "checkpoint_last.pt")
     assert int(state["model"]["encoder.residual_scheme_id"]) == get_scheme(scheme).scheme_id
     assert state["optimizer_history"][-1]["num_updates"] == 6
-    if scheme not in CLI_ROUND_TRIP:
-        return
 
-    gen = run_cli(
-        ["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
-         "--beam", "5", "--max-len-b", "20", "--batch-size", "16", "--required-batch-size-multiple", "1",
-         "--num-workers", "0"]
-    ).stdout
+    gen = translate(data_bin, save / "checkpoint_last.pt", "--max-len-b", "20", "--batch-size", "16")
     hyps = [line for line in gen.splitlines() if line.startswith("H-")]
     n_test = sum(1 for _ in open(raw / "test.de", encoding="utf-8"))
     assert len(hyps) == n_test, "every test sentence is translated"
     assert re.search(r"Generate test with beam=5: BLEU4 = \d+\.\d+", gen)
 
     # resume from checkpoint_last.pt and continue to 9 updates
-    log = train(data_bin, save, *arch_flags, max_update=9).stdout
+    log = train(data_bin, save, *arch_flags, max_update=9)
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 6 updates\)", log)
     assert load_checkpoint(save / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"] == 9
+
+
+def test_t_fixup_trains_with_its_schedule_without_warm_up(shipped_data_bin, tmp_path):
+    """T-Fixup's recipe through fairseq-train: the plugin's inverse_sqrt_nowarmup schedule, lr * sqrt(P / (P + t))
+    after update t."""
+    _, data_bin = shipped_data_bin
+    log = train(data_bin, tmp_path / "ckpt", "--arch", "residual_transformer_tiny", "--residual-scheme", "t_fixup",
+                "--lr-scheduler", "inverse_sqrt_nowarmup", "--decay-period", "100", max_update=3)
+    lrs = [float(v) for v in re.findall(r"\| lr (\S+) \|", log)]
+    assert lrs[-1] == pytest.approx(5e-3 * math.sqrt(100 / 103), rel=1e-4)
 
 
 def test_checkpoint_of_another_scheme_is_refused(tiny_data_bin, tmp_path):
@@ -105,23 +133,27 @@ def test_checkpoint_of_another_scheme_is_refused(tiny_data_bin, tmp_path):
     save = tmp_path / "ckpt"
     train(data_bin, save, "--arch", "residual_transformer_tiny",
           "--residual-scheme", "pre_ln", max_update=2)
-    proc = train(data_bin, save, "--arch", "residual_transformer_tiny", "--residual-scheme", "resi_dual",
-                 max_update=4, check=False)
-    assert proc.returncode != 0
-    assert "trained with residual scheme 'pre_ln'" in proc.stdout
-    assert "uses residual scheme 'resi_dual'" in proc.stdout
-    assert "--residual-scheme pre_ln" in proc.stdout
+    with pytest.raises(AssertionError) as failed:
+        train(data_bin, save, "--arch", "residual_transformer_tiny", "--residual-scheme", "resi_dual", max_update=4)
+    message = str(failed.value)
+    assert "trained with residual scheme 'pre_ln'" in message
+    assert "uses residual scheme 'resi_dual'" in message
+    assert "--residual-scheme pre_ln" in message
     # nothing was lost: the pre_ln checkpoint is untouched
     assert load_checkpoint(save / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"] == 2
 
 
 def test_bad_flags_give_clear_errors(tiny_data_bin, tmp_path):
+    """What a user sees: fairseq-train's exit status and message (a process of its own)."""
     _, data_bin = tiny_data_bin
-    proc = train(data_bin, tmp_path / "a", "--arch", "residual_transformer_tiny", "--resi-dual-scale", "0",
-                 check=False)
+
+    def cli_train(save_dir, *flags):
+        return run_cli(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save_dir,
+                        "--max-update", 6, *TRAIN_FLAGS, *flags], check=False)
+
+    proc = cli_train(tmp_path / "a", "--arch", "residual_transformer_tiny", "--resi-dual-scale", "0")
     assert proc.returncode != 0 and "--resi-dual-scale (model.resi_dual_scale) must be in [0.01, 1]" in proc.stdout
-    proc = train(data_bin, tmp_path / "b", "--arch", "residual_transformer_tiny", "--residual-scheme", "preln",
-                 check=False)
+    proc = cli_train(tmp_path / "b", "--arch", "residual_transformer_tiny", "--residual-scheme", "preln")
     assert proc.returncode != 0 and "invalid choice: 'preln'" in proc.stdout
     assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())
 
@@ -190,10 +222,7 @@ def test_hydra_train_applies_preset_and_generates(tiny_data_bin, tmp_path):
     assert max(int(k.split(".")[2]) for k in sd if k.startswith("encoder.layers.")) == 1  # override: 2 layers
     assert int(sd["encoder.residual_scheme_id"]) == 1  # pre_ln from the preset name
     assert "encoder.layer_norm.weight" in sd
-    gen = run_cli(
-        ["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
-         "--beam", "5", "--required-batch-size-multiple", "1", "--num-workers", "0"]
-    ).stdout
+    gen = translate(data_bin, save / "checkpoint_last.pt")
     assert len([x for x in gen.splitlines() if x.startswith("H-")]) == sum(1 for _ in open(raw / "test.src"))
 
 
@@ -234,5 +263,5 @@ def test_activation_checkpointing_trains_resi_dual(tiny_data_bin, tmp_path, monk
 
     _, data_bin = tiny_data_bin
     log = train(data_bin, tmp_path / "ckpt", "--arch", "residual_transformer_tiny", "--checkpoint-activations",
-                max_update=2).stdout
-    assert "num_updates=2" in log or "num_updates 2" in log
+                max_update=2)
+    assert re.search(r"num_updates[= ]2\b", log)

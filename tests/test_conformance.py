@@ -26,7 +26,6 @@ from fairseq_residual.model import ARCH_NAMES, PRESETS
 from fairseq_residual.schemes import SCHEME_NAMES, SCHEMES, get_scheme
 from references import REFERENCES, reference_forward
 
-pytestmark = pytest.mark.model
 
 TOL = 1e-5
 DEPTH = ["--encoder-layers", 3, "--decoder-layers", 2]

@@ -20,7 +20,6 @@ from fairseq_residual.schemes import SCHEME_NAMES
 from placement import MetaOracle, StrayTensorGuard
 from trainers import samples, trainer
 
-pytestmark = pytest.mark.model
 
 
 def _run_everything(scheme, guard):

@@ -10,7 +10,6 @@ from conftest import build_model, make_dictionary, random_batch
 FLAGS = ["--residual-scheme", "dlcl", "--encoder-layers", 3, "--decoder-layers", 2]
 
 
-@pytest.mark.model
 def test_history_initialisation_and_names():
     d = make_dictionary()
     model, _, _ = build_model("residual_transformer_tiny", *FLAGS, dictionary=d)

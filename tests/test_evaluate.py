@@ -262,13 +262,7 @@ def test_score_bleu_matches_sacrebleu(tmp_path):
     # fairseq's compound_split_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'
     assert score_bleu.compound_split("state-of-the-art x-y-z") == \
         "state ##AT##-##AT## of ##AT##-##AT## the ##AT##-##AT## art x ##AT##-##AT## y-z"
-    if shutil.which("perl"):
-        perl = subprocess.run(["perl", "-ple", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"],
-                              input="\n".join(HYPS + REFS) + "\n", capture_output=True, text=True).stdout
-        split = perl.splitlines()
-        assert split == [score_bleu.compound_split(x) for x in HYPS + REFS]
-    else:
-        split = [score_bleu.compound_split(x) for x in HYPS + REFS]
+    split = [score_bleu.compound_split(x) for x in HYPS + REFS]
     direct = sacrebleu_direct(split[:5], split[5:], tokenize="none")
     assert wmt["metrics"]["tokenized_bleu_compound_split"]["score"] == pytest.approx(direct.score, abs=1e-9)
     detok = [md.detokenize(h.split()) for h in HYPS]
@@ -277,6 +271,15 @@ def test_score_bleu_matches_sacrebleu(tmp_path):
     assert wmt["metrics"]["sacrebleu"]["score"] == pytest.approx(direct.score, abs=1e-9)
     # scoring detokenized text against tokenized references would give another number
     assert direct.score != pytest.approx(sacrebleu_direct(detok, REFS).score)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("perl"), reason="perl is not installed")
+def test_compound_split_equals_fairseqs_perl_one_liner():
+    """fairseq's compound_split_bleu.sh runs ``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'``."""
+    perl = subprocess.run(["perl", "-ple", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"],
+                          input="\n".join(HYPS + REFS) + "\n", capture_output=True, text=True).stdout
+    assert perl.splitlines() == [score_bleu.compound_split(x) for x in HYPS + REFS]
 
 
 def test_score_bleu_refuses_dropped_sentences(tmp_path):
@@ -381,17 +384,8 @@ def test_newstest_average_refuses_missing_years(tmp_path, monkeypatch):
     del gens[2013]
     with pytest.raises(score_bleu.GenerateOutputError, match="no generate output for newstest2013"):
         score_bleu.newstest_average(gens, "de", ref_dir=str(refs))
-    # the script: one line naming the year
     (tmp_path / "b").mkdir()
     gens, refs = newstest_files(tmp_path / "b", skip_ref=(2015,))
-    proc = subprocess.run([sys.executable, SCRIPTS / "score_bleu.py", "--benchmark", "wmt14",
-                           "--generate", gens[2014], "--target-lang", "de",
-                           "--raw-ref", refs / "newstest2014.de", "--newstest-refs", refs,
-                           "--newstest-generate", *[f"{y}={p}" for y, p in gens.items()],
-                           "--out", tmp_path / "x.json"], env=cli_env(), capture_output=True, text=True)
-    assert proc.returncode != 0 and "newstest2015: reference" in proc.stderr
-    assert "sacrebleu -t wmt15 -l en-de --echo ref" in proc.stderr and "Traceback" not in proc.stderr
-    assert not (tmp_path / "x.json").exists()
     # no reference folder: sacreBLEU's own test sets (wmt14/full for 2014); offline, a clear error
     from sacrebleu.dataset.base import Dataset
 
@@ -424,6 +418,21 @@ def make_run(root, name, score=None, log="", checkpoint=True, metric="tokenized_
                                  "description": "tokenized lowercased BLEU"}},
             "primary_metric": metric}))
     return run
+
+
+@pytest.mark.slow
+def test_score_bleu_script_names_a_missing_newstest_reference(tmp_path):
+    """The script itself: one line naming the year and the command that fetches it, exit status != 0, no
+    traceback, no result file."""
+    gens, refs = newstest_files(tmp_path, skip_ref=(2015,))
+    proc = subprocess.run([sys.executable, SCRIPTS / "score_bleu.py", "--benchmark", "wmt14",
+                           "--generate", gens[2014], "--target-lang", "de",
+                           "--raw-ref", refs / "newstest2014.de", "--newstest-refs", refs,
+                           "--newstest-generate", *[f"{y}={p}" for y, p in gens.items()],
+                           "--out", tmp_path / "x.json"], env=cli_env(), capture_output=True, text=True)
+    assert proc.returncode != 0 and "newstest2015: reference" in proc.stderr
+    assert "sacrebleu -t wmt15 -l en-de --echo ref" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_collect_results_table_keeps_diverged_runs(tmp_path):

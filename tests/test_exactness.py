@@ -9,7 +9,6 @@ import torch
 from conftest import build_model, make_dictionary, random_batch
 from references import ResiDual, reference_forward
 
-pytestmark = pytest.mark.model
 
 TOL = 1e-5
 

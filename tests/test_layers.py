@@ -8,7 +8,6 @@ from conftest import build_model, make_dictionary, random_batch
 from fairseq_residual.layers import refuse_decoder_extras
 from fairseq_residual.schemes import SCHEMES, get_scheme
 
-pytestmark = pytest.mark.model
 
 #: fairseq's decoder options that change the sub-layers (NormFormer: Shleifer et al. 2021)
 DECODER_EXTRAS = ["scale_attn", "scale_heads", "scale_fc", "scale_resids", "cross_self_attention"]

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 
 from conftest import build_model, make_dictionary, random_batch
 
-pytestmark = pytest.mark.model
 
 SEEDS = [0, 1, 2]
 

@@ -10,7 +10,6 @@ import torch
 from conftest import build_model, make_dictionary, random_batch
 from fairseq_residual.residual import NORM_INPUT, NORM_NONE, NORM_OUTPUT, NORM_STREAM
 
-pytestmark = pytest.mark.model
 
 
 def tiny(scheme, *flags, d=None):

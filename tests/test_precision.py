@@ -46,7 +46,6 @@ from fairseq_residual.residual import NORM_INPUT, Site, StackResidual, SublayerR
 from fairseq_residual.schemes import SCHEME_NAMES, SCHEMES, get_scheme
 from trainers import samples, trainer
 
-pytestmark = pytest.mark.model
 
 LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: unit roundoff of each dtype (half the distance from 1 to the next number)

@@ -10,7 +10,6 @@ from conftest import build_model, make_dictionary, random_batch
 from fairseq_residual.analyze.ranges import RunningSums
 from fairseq_residual.schemes import SCHEME_NAMES
 
-pytestmark = pytest.mark.model
 
 DEPTH = ["--encoder-layers", 2, "--decoder-layers", 2]
 

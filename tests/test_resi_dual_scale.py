@@ -8,7 +8,6 @@ import torch
 from conftest import build_model, make_dictionary, random_batch
 from fairseq_residual.schemes.resi_dual import MIN_SCALE
 
-pytestmark = pytest.mark.model
 
 
 def model_with_scale(c, d, state_dict=None):

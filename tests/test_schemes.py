@@ -17,7 +17,6 @@ import torch
 
 from conftest import build_model, make_dictionary
 
-pytestmark = pytest.mark.model
 
 N_ENC, N_DEC = 3, 2
 DEPTH = ["--encoder-layers", N_ENC, "--decoder-layers", N_DEC]

@@ -12,7 +12,6 @@ from conftest import build_model, make_dictionary, random_batch
 from references import HyperConnections, reference_forward
 from test_conformance import randomise_scheme_parameters
 
-pytestmark = pytest.mark.model
 
 DEPTH = ["--encoder-layers", 3, "--decoder-layers", 2]
 

@@ -22,7 +22,6 @@ INVALID = [
 DICTIONARY = make_dictionary()
 
 
-@pytest.mark.model
 @pytest.mark.parametrize("arch", list(PRESETS) + [f"{MODEL_NAME}_tiny"])
 @pytest.mark.parametrize("flag, value, message", INVALID, ids=[f"{f}={v}" for f, v, _ in INVALID])
 def test_every_preset_refuses_invalid_resi_dual_constants(flag, value, message, arch):
@@ -32,7 +31,6 @@ def test_every_preset_refuses_invalid_resi_dual_constants(flag, value, message, 
     assert message in str(err.value), (arch, str(err.value))
 
 
-@pytest.mark.model
 def test_opus100_preset_default_and_explicit_scale():
     """The OPUS-100 preset's c = 0.05 is ResiDual's (the authors' fp16 setting); other schemes keep
     ResiDual's options at their defaults, so the preset does not trip their refusal of ResiDual options."""
@@ -45,6 +43,7 @@ def test_opus100_preset_default_and_explicit_scale():
     assert args.resi_dual_scale == 1.0 and model.residual_scheme == "post_ln"
 
 
+@pytest.mark.slow  # a fresh interpreter: this one has loaded the plugin
 def test_second_copy_of_the_plugin_is_refused_with_both_paths(tmp_path):
     copy = tmp_path / "fairseq_residual2"
     shutil.copytree(USER_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
@@ -70,14 +69,15 @@ def test_stock_transformer_checkpoint_loads_into_matching_scheme(tiny_data_bin, 
     import torch
     from fairseq import checkpoint_utils
 
-    from conftest import random_batch, run_cli
+    from conftest import random_batch
+    from inprocess import fairseq_main
     from fairseq_residual.model import ResidualTransformerModel
 
     _, data_bin = tiny_data_bin
     save = tmp_path / "stock"
-    run_cli(["fairseq-train", data_bin, "--arch", "transformer_tiny", "--optimizer", "adam", "--lr", "1e-3",
+    fairseq_main("fairseq-train", data_bin, "--arch", "transformer_tiny", "--optimizer", "adam", "--lr", "1e-3",
              "--max-tokens", 600, "--max-update", 2, "--save-dir", save, "--no-epoch-checkpoints",
-             "--required-batch-size-multiple", 1, "--disable-validation", "--num-workers", 0])
+             "--required-batch-size-multiple", 1, "--disable-validation", "--num-workers", 0)
     path = str(save / "checkpoint_last.pt")
     (stock,), _, task = checkpoint_utils.load_model_ensemble_and_task([path])
     overrides = {"_name": "residual_transformer", "residual_scheme": "post_ln"}
@@ -91,6 +91,6 @@ def test_stock_transformer_checkpoint_loads_into_matching_scheme(tiny_data_bin, 
         a = stock.get_normalized_probs(stock(src, lengths, prev), log_probs=True)
         b = ours.get_normalized_probs(ours(src, lengths, prev), log_probs=True)
     assert (a - b).abs().max().item() <= 1e-5
-    gen = run_cli(["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", path, "--beam", 2,
-                   "--required-batch-size-multiple", 1, "--model-overrides", repr(overrides)])
-    assert gen.stdout.count("\nH-") == 24 and "Generate test with beam=2" in gen.stdout
+    gen = fairseq_main("fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", path, "--beam", 2,
+                       "--required-batch-size-multiple", 1, "--model-overrides", repr(overrides))
+    assert gen.count("\nH-") == 24 and "Generate test with beam=2" in gen
