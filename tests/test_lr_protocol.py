@@ -181,6 +181,62 @@ def test_rank_mode_ranks_every_row_at_its_chosen_rate(fake_study):
     assert not (out / "results.md").exists()
 
 
+def test_a_report_read_while_the_selection_runs_chooses_nothing_and_says_what_has_finished(fake_study, capsys):
+    """--report-only while selection cells are missing: a row without its whole grid has no rate yet (a choice
+    on part of the grid would start its final cells at a rate the rest of the grid might beat), the progress
+    section counts the cells and their measured cost, and no ranking is drawn before a final cell exists."""
+    fake, run = fake_study
+    out = run("--schemes", "post_ln,pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3", "--tune-seeds", "2",
+              "--dry-run")  # the study's folder, nothing trained
+    study = ["--schemes", "post_ln,pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3", "--tune-seeds", "2"]
+    args = claims.parse_args(["--out", str(out), "--updates", "4", "--select-updates", "4", "--jobs", "1",
+                              "--schemes", "post_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3", "--tune-seeds",
+                              "2"])
+    assert claims_study.study(args) == 0  # Post-LN's selection and final cell only
+    trained = list(fake.calls)
+    args = claims.parse_args(["--out", str(out), "--updates", "4", "--select-updates", "4", *study,
+                              "--report-only"])
+    assert claims_study.study(args) == 0
+    assert fake.calls == trained  # a report trains nothing
+    text = (out / "ranking.md").read_text()
+    assert "| Pre-LN | warm6 | - | - | - | pending: 0 of 2 selection cells finished |" in text
+    assert "Selection cells finished: 2 of 4; rows with a chosen rate: 1 of 2; final cells finished: 1 of 1" in text
+    # the stand-in reports 1 CPU-s per run: 4 updates (1e-3) and 1 update before NaN (4e-3), 0.625 s on average
+    assert "| Post-LN | 2 | 0.625 | 0.00 |" in text
+
+
+def test_the_archive_holds_each_finished_cells_small_files_and_resumes_the_study_elsewhere(fake_study, tmp_path):
+    fake, run = fake_study
+    archive = tmp_path / "archive"
+    out = run("--schemes", "post_ln,pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3", "--tune-seeds", "2",
+              "--archive", archive)
+    cells = sorted(os.listdir(out / "cells"))
+    assert sorted(os.listdir(archive / "cells")) == cells and len(cells) == 6  # 4 selection + 2 final cells
+    for name in cells:
+        files = {os.path.relpath(os.path.join(d, f), archive / "cells" / name)
+                 for d, _, fs in os.walk(archive / "cells" / name) for f in fs}
+        assert not any(f.endswith((".pt", ".log")) for f in files), files
+        assert {"settings.json", "train_state.json", "curve.json"} <= files
+        if json.loads((archive / "cells" / name / "train_state.json").read_text())["status"] == "ok":
+            assert json.loads((archive / "cells" / name / "curve.json").read_text())[-1][0] == 4
+    assert (archive / "ranking.md").read_text() == (out / "ranking.md").read_text()
+    # a new machine: the archived cells in a new study folder, the same command trains nothing
+    trained = len(fake.calls)
+    moved = tmp_path / "elsewhere"
+    (moved / "cells").mkdir(parents=True)
+    for name in cells:
+        import shutil
+
+        shutil.copytree(archive / "cells" / name, moved / "cells" / name)
+    args = claims.parse_args(["--out", str(moved), "--updates", "4", "--select-updates", "4", "--jobs", "1",
+                              "--schemes", "post_ln,pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3",
+                              "--tune-seeds", "2"])
+    assert claims_study.study(args) == 0
+    assert len(fake.calls) == trained
+    assert json.loads((moved / "ranking.json").read_text())["rows"] == json.loads(
+        (out / "ranking.json").read_text())["rows"]
+
+
 def test_a_selection_seed_among_the_fresh_seeds_is_refused(capsys):
     with pytest.raises(SystemExit):
         claims.parse_args(["--lr-grid", "1e-3,2e-3", "--tune-seeds", "1,2,3"])

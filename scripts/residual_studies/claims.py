@@ -338,6 +338,11 @@ def build_parser():
                         "ratio, top-layer cosine and the paper's IWSLT14 BLEU per row, best first "
                         "(ranking.md/json/png); with --lr-grid each row at its own chosen rate and --tune-seeds, "
                         "else at --lr and --seeds. E.g. --rank warm12 --schemes all --lr-grid 5e-4,1e-3,2e-3,4e-3")
+    p.add_argument("--archive", default=None, metavar="DIR",
+                   help="with --rank: after the report, copy every finished cell's small files (settings, "
+                        "training state, results, analysis, validation curve; never checkpoints or logs) and "
+                        "ranking.md/json/png into DIR, e.g. a folder of the repository; copying DIR/cells into "
+                        "a new --out's cells lets the study resume there, skipping every archived cell")
     grid.add_cell_arguments(
         p, out=DEFAULT_OUT, study_options=STUDY_OPTIONS, updates=DEFAULT_UPDATES, max_tokens=DEFAULT_MAX_TOKENS,
         warmup=DEFAULT_WARMUP,

@@ -69,7 +69,7 @@ def _by_budget(args, data, cells):
 def select(args, data, rows):
     """The learning-rate protocol's selection (:mod:`.protocol`): every row at every rate of ``--lr-grid`` on
     ``--select-seed`` for ``--select-updates`` at the warm-up condition of each depth. Returns ``(the
-    selection table, {(row, selection condition): (lr, reason)})``."""
+    selection table, {(row, selection condition): (lr, reason)}, the finished selection cells)``."""
     sel = [(r, c, args.select_seed, lr) for c in protocol.selection_conditions(args.conditions)
            for r in rows for lr in args.lr_grid]
     log(f"learning-rate selection: {len(sel)} cells ({', '.join(rows)} x lr {','.join(f'{g:g}' for g in args.lr_grid)}"
@@ -77,7 +77,7 @@ def select(args, data, rows):
         f"{args.select_updates} updates)")
     found = _cells(args, data, sel, updates=args.select_updates)
     by = {(r["scheme"], r["condition"], r["settings"]["lr"]): r for r in found}
-    return protocol.selection_table(rows, args.conditions, args.lr_grid, by)
+    return (*protocol.selection_table(rows, args.conditions, args.lr_grid, by), found)
 
 
 def tuned_cells(args, rows, choices):
@@ -127,7 +127,7 @@ def study(args):
 def study_protocols(args, data, rows, cells, t0):
     """``--lr-grid``: the selection, then the fixed protocol's cells and the chosen rates' cells (only the
     latter with ``--rank``), and the report of both."""
-    table, choices = select(args, data, rows)
+    table, choices, selected = select(args, data, rows)
     print("\n" + table + "\n")
     tuned = tuned_cells(args, rows, choices)
     fixed = [] if args.rank else [(*c, None) for c in cells]
@@ -136,11 +136,14 @@ def study_protocols(args, data, rows, cells, t0):
             f"updates each, {args.jobs} job(s)")
     found = _cells(args, data, fixed + tuned)
     results, tuned_results = found[:len(fixed)], found[len(fixed):]
-    if not (tuned_results if args.rank else results):
+    if not (selected if args.rank else results):
         raise ToolError(f"no finished cell with these settings under {args.out}/cells")
-    lr_by_row = {r: choices[r, protocol.SELECTION_CONDITION[c]][0] for r, c, *_ in tuned}
+    lr_by_row = {r: choices[r, protocol.SELECTION_CONDITION[c]][0] for r in rows
+                 for c in protocol.selection_conditions(args.conditions)}
     if args.rank:
-        return _write_ranking(args, tuned_results, dict(table=table, lr_by_row=lr_by_row), t0)
+        planned = len(rows) * len(protocol.selection_conditions(args.conditions)) * len(args.lr_grid)
+        return _write_ranking(args, tuned_results, dict(table=table, lr_by_row=lr_by_row, selected=selected,
+                                                         planned=planned, rows=rows, tuned=len(tuned)), t0)
     section = dict(table=table, choices={f"{r} {c}": v for (r, c), v in choices.items()}, results=tuned_results,
                    by_budget=_by_budget(args, data, tuned), seeds=args.tune_seeds)
     text = write_report(args, results, time.time() - t0, _by_budget(args, data, cells), protocol=section)
@@ -158,12 +161,33 @@ def _write_ranking(args, results, tuned, t0):
             f"{','.join(map(str, args.tune_seeds))}." if tuned else f"Every row at lr {args.lr:g}; seeds "
             f"{','.join(map(str, args.seeds))}.")
     note += f" {args.updates} updates per cell; command: `scripts/claims_study.sh {' '.join(args.argv)}`."
+    progress = tuned and _progress(args, tuned, results)
     text = ranking.write(args.out, results, args.rank, tuned and tuned["lr_by_row"], note,
-                         selection=tuned and tuned["table"])
+                         selection=tuned and tuned["table"], progress=progress)
     print("\n" + text)
     log(f"wrote {os.path.join(args.out, 'ranking.md')}, ranking.json and ranking.png "
         f"({(time.time() - t0) / 60:.1f} min)")
+    if args.archive:
+        n = ranking.archive(args.out, args.archive)
+        log(f"archived {n} finished cells' small files and the ranking in {args.archive}")
     return 0
+
+
+def _progress(args, tuned, results):
+    """The ranking's progress section: cells finished and left, CPU-hours spent, the measured cost per
+    update of every row and the projected cost of the final cells (:func:`.ranking.cost_table`)."""
+    rows = tuned["rows"]
+    table, cost = ranking.cost_table(tuned["selected"], rows, args.updates, len(args.tune_seeds))
+    final_spent = sum((r.get("train_cpu_s") or 0) + ((r.get("scores") or {}).get("translate_cpu_s") or 0)
+                      for r in results) / 3600
+    chosen = sum(lr is not None for lr in tuned["lr_by_row"].values())
+    return "\n".join([
+        f"Selection cells finished: {len(tuned['selected'])} of {tuned['planned']}; rows with a chosen rate: "
+        f"{chosen} of {len(rows)}; final cells finished: {len(results)} of {tuned['tuned']} that can start now "
+        f"({len(args.tune_seeds)} per row with a chosen rate; {len(args.tune_seeds) * len(rows)} in all). "
+        f"CPU-hours spent on finished cells (training and translation): {cost['spent_cpu_h'] + final_spent:.2f}; "
+        f"the final cells of the rows measured so far, projected from each row's measured cost per update: "
+        f"{cost['projected_final_cpu_h']:.1f} CPU-hours.", "", table])
 
 
 def main(args):

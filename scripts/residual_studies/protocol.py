@@ -65,14 +65,18 @@ def selection_table(rows, conditions, grid, cells):
         cells: ``{(row, condition, lr): result}`` of the selection cells.
 
     Returns:
-        ``(table text, {(row, condition): (lr, reason)})``.
+        ``(table text, {(row, condition): (lr, reason)})``; a row whose selection cells are not all finished
+        (a report read while the study runs) has no choice yet (lr None, reason ``pending: ...``).
     """
     choices, lines = {}, []
     for cond in selection_conditions(conditions):
         for row in rows:
             found = {lr: cells.get((row, cond, lr)) for lr in grid}
             status = {lr: (r["status"], r["stats"].get("valid_nll_loss")) for lr, r in found.items() if r}
-            lr, why = choose(status)
+            if len(status) < len(grid):  # a report read while the selection runs: no choice on part of the grid
+                lr, why = None, f"pending: {len(status)} of {len(grid)} selection cells finished"
+            else:
+                lr, why = choose(status)
             choices[row, cond] = (lr, why)
             entries = []
             for g in grid:

@@ -10,8 +10,10 @@ condition's depth where the paper has one (``fairseq_residual/paper_results.json
 Order (:func:`rank`): rows whose seeds diverged or failed in the majority last; the others by mean valid nll,
 lowest first (the metric the cells measure most precisely at this scale), equal means by mean BLEU.
 """
+import glob
 import math
 import os
+import shutil
 
 from fairseq_residual import paper_results
 
@@ -98,7 +100,79 @@ def plot(rows, path, title):
     plt.close(fig)
 
 
-def write(out, results, condition, lr_by_row=None, note="", selection=None):
+def cost_table(selection_cells, rows, final_updates, seeds):
+    """What the ranking costs, from the finished cells: per row its measured training CPU-seconds per update
+    (mean over its finished selection cells) and the projected CPU-hours of its final cells.
+
+    Args:
+        selection_cells: the finished selection cells (claims-study results).
+        rows: the rows in report order.
+        final_updates, seeds: the final cells' budget and how many seeds each row trains.
+
+    Returns:
+        ``(Markdown table, {"spent_cpu_h", "projected_final_cpu_h", "per_update": {row: CPU-s or None}})``;
+        spent: the training and translation CPU-seconds of every finished cell given.
+    """
+    lines, per_update = [], {}
+    for row in rows:
+        mine = [r for r in selection_cells if r["scheme"] == row and r.get("train_cpu_s")]
+        costs = [r["train_cpu_s"] / r["reached"] for r in mine if r.get("reached")]
+        per_update[row] = sum(costs) / len(costs) if costs else None
+        projected = None if per_update[row] is None else per_update[row] * final_updates * seeds / 3600
+        lines.append([row_label(row), len(mine), "-" if not costs else f"{per_update[row]:.3f}",
+                      "-" if projected is None else f"{projected:.2f}"])
+    spent = sum((r.get("train_cpu_s") or 0) + ((r.get("scores") or {}).get("translate_cpu_s") or 0)
+                for r in selection_cells) / 3600
+    projected = sum(v * final_updates * seeds for v in per_update.values() if v) / 3600
+    text = markdown_table(["row", "selection cells finished", "training CPU-s per update",
+                           f"final cells, projected CPU-h ({seeds} x {final_updates} updates)"], lines)
+    return text, dict(spent_cpu_h=round(spent, 2), projected_final_cpu_h=round(projected, 2),
+                      per_update=per_update)
+
+
+def valid_curve(run_dir):
+    """A cell's validation curve from its fairseq logs (``train-u*.log``): ``[[updates, valid nll in bits],
+    ...]`` in update order, one point per validation (the cells validate at every checkpoint)."""
+    from .learning_curve import valid_nll_by_update
+
+    points = {}
+    for path in sorted(glob.glob(os.path.join(run_dir, "train-u*.log"))):
+        points.update(valid_nll_by_update(path))
+    return [[u, points[u]] for u in sorted(points)]
+
+
+#: a finished cell's small files that the archive keeps (never checkpoints or logs)
+ARCHIVED = ("settings.json", "train_state.json", "budgets/u*/result.json", "budgets/u*/analysis/analysis.json")
+
+
+def archive(out, dest):
+    """Copy every finished cell's small files from the study folder ``out`` into ``dest/cells`` (the same
+    layout, plus ``curve.json``, its validation curve, :func:`valid_curve`), so that the report can be
+    rebuilt, and the study resumed on another machine, from what a repository holds: copy ``dest/cells``
+    into a new study folder's ``cells`` and the same command skips every archived cell. Returns the number
+    of cells archived."""
+    import json
+
+    n = 0
+    for run_dir in sorted(glob.glob(os.path.join(out, "cells", "*"))):
+        if not glob.glob(os.path.join(run_dir, "budgets", "u*", "result.json")):
+            continue
+        target = os.path.join(dest, "cells", os.path.basename(run_dir))
+        for pattern in ARCHIVED:
+            for src in glob.glob(os.path.join(run_dir, pattern)):
+                dst = os.path.join(target, os.path.relpath(src, run_dir))
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                shutil.copyfile(src, dst)
+        with open(os.path.join(target, "curve.json"), "w", encoding="utf-8") as f:
+            json.dump(valid_curve(run_dir), f)
+        n += 1
+    for name in ("ranking.md", "ranking.json", "ranking.png"):
+        if os.path.exists(os.path.join(out, name)):
+            shutil.copyfile(os.path.join(out, name), os.path.join(dest, name))
+    return n
+
+
+def write(out, results, condition, lr_by_row=None, note="", selection=None, progress=None):
     """``ranking.md``, ``ranking.json`` and ``ranking.png`` in ``out``; returns the Markdown text.
 
     Args:
@@ -106,19 +180,24 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None):
         lr_by_row: ``{row: learning rate}`` the rows trained at (None: each cell's own setting).
         note: a sentence on the protocol and the command, after the table's legend.
         selection: the learning-rate selection's Markdown table (:func:`.protocol.selection_table`), or None.
+        progress: a Markdown section on what has finished and what it costs (:func:`cost_table`), or None.
     """
     rows = rank(results, condition, lr_by_row)
     depth = CONDITIONS[condition][0]
     title = f"Every row at {condition} ({depth}+{depth} layers), ranked"
+    ranked = [table(rows), "", paper_results.describe("iwslt14") or "", "", "![ranking](ranking.png)", ""] if rows \
+        else ["No row has a finished final cell yet: the ranking appears when the first do.", ""]
     text = "\n".join([
         f"# {title}", "",
         "Mean ± sample sd over seeds; rows diverged in most seeds last, the others by valid nll (bits per "
         "token, lowest first). grad: layer-1 / top-layer gradient norm, cos: cosine of the last two layer "
         "outputs, encoder / decoder. " + note, "",
-        table(rows), "", paper_results.describe("iwslt14") or "", "", "![ranking](ranking.png)", "",
+        *(["## Progress", "", progress, ""] if progress else []),
+        *ranked,
         *(["## How each row's learning rate was chosen", "", selection, ""] if selection else [])])
     with open(os.path.join(out, "ranking.md"), "w", encoding="utf-8") as f:
         f.write(text)
     write_json(os.path.join(out, "ranking.json"), dict(condition=condition, rows=rows, cells=results))
-    plot(rows, os.path.join(out, "ranking.png"), title)
+    if rows:
+        plot(rows, os.path.join(out, "ranking.png"), title)
     return text
