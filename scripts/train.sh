@@ -145,7 +145,7 @@ PYTHON="${PYTHON:-$(command -v python || command -v python3)}"
 # precision and encoder depth; the run directory's name pattern; the folder of the plugin Python imports
 # (the --user-dir, unless FAIRSEQ_RESIDUAL_USER_DIR names one); the registered schemes: one Python start-up
 DEFAULTS="$(tools train-defaults "$CONFIG")" \
-    || die "cannot import fairseq_residual with $PYTHON: install the project (pip install -e .)"
+    || die "cannot find fairseq_residual with $PYTHON: install the project (pip install -e .)"
 { read -r TOTAL_TOKENS DEFAULT_PRECISION DEFAULT_DEPTH; read -r RUN_NAME; read -r PLUGIN_DIR
   read -r KNOWN_SCHEMES; } <<< "$DEFAULTS"
 USER_DIR="${FAIRSEQ_RESIDUAL_USER_DIR:-$PLUGIN_DIR}"

@@ -173,3 +173,12 @@ def test_inverse_sqrt_nowarmup_follows_the_reference_formula():
     assert sched.step_update(4000) == pytest.approx(5e-4 / math.sqrt(2))
     with pytest.raises(ValueError, match="takes one --lr value"):
         InverseSqrtNoWarmupSchedule(InverseSqrtNoWarmupConfig(decay_period=4000, lr=[1e-3, 5e-4]), Opt())
+
+
+def test_the_shell_tools_read_the_registry_without_loading_torch():
+    """train.sh checks --scheme against the names that scripts/residual_studies/shell.py reads from
+    schemes/registry_order.py by its path (no torch, no fairseq): the registry's names, in its order."""
+    from residual_studies import shell
+    from fairseq_residual.schemes import SCHEME_NAMES
+
+    assert shell.scheme_names().split() == list(SCHEME_NAMES)

@@ -3,38 +3,21 @@
 Every part of the project (options and ``--help``, presets, the checkpoint check, the analysis tool, the
 speed benchmark, the demo, the studies, the benchmark scripts and the results tables) reads its list of
 schemes from :data:`SCHEMES` here: first the eight of the ResiDual paper's tables (Xie et al. 2023,
-arXiv 2304.14802, tables 1-2) in their order, then the schemes published after it. To add a scheme: write ``schemes/<name>.py`` defining ``SCHEME``, an
-instance of a :class:`~fairseq_residual.schemes.base.ResidualScheme` subclass with a new
-``scheme_id``, and add its module name below.
+arXiv 2304.14802, tables 1-2) in their order, then the schemes published after it. To add a scheme: write ``schemes/<name>.py`` defining ``SCHEME``,
+an instance of a :class:`~fairseq_residual.schemes.base.ResidualScheme` subclass with a new
+``scheme_id`` and the module's name as its ``name``, and add the module's name to ``registry_order.py``.
 """
 from importlib import import_module
 
 from .base import STACKS, ResidualScheme, SchemeOptions
-
-_SCHEME_MODULES = (
-    "post_ln",
-    "pre_ln",
-    "deepnorm",
-    "admin",
-    "t_fixup",
-    "dlcl",
-    "b2t",
-    "resi_dual",
-    # after the paper: normalisation placements
-    "peri_ln",
-    "mix_ln",
-    "lns",
-    "rezero",
-    "hybrid_norm",
-    # after the paper: many residual streams
-    "hyper_connections",
-    "mhc",
-    "siamese_norm",
-)
+from .registry_order import SCHEME_MODULES as _SCHEME_MODULES
 
 SCHEMES = tuple(import_module(f"{__name__}.{module}").SCHEME for module in _SCHEME_MODULES)
 #: The schemes' registry names, in table order.
 SCHEME_NAMES = tuple(s.name for s in SCHEMES)
+if SCHEME_NAMES != _SCHEME_MODULES:
+    raise RuntimeError(f"each scheme must be registered under its module's name (registry_order.py): modules "
+                       f"{_SCHEME_MODULES}, names {SCHEME_NAMES}")
 #: The scheme a model gets when neither ``--residual-scheme`` nor its preset names one.
 DEFAULT_SCHEME = "resi_dual"
 
