@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import USER_DIR, run_cli
+from conftest import USER_DIR
 from inprocess import fairseq_main
 
 TRAIN = [

@@ -26,7 +26,7 @@ import time
 from . import cell, grid
 from .claims import DEFAULT_UPDATES, cell_args
 from .files import read_json, write_json
-from .logs import number, read_train_log
+from .logs import valid_nll_by_update
 from .report import COLORS, LABELS, ORDER, _pyplot, fmt, markdown_table
 from .runner import ToolError, loadavg, logger
 
@@ -53,16 +53,6 @@ def checkpoints(run_dir, final_updates, final_path):
     if final_updates not in found and os.path.exists(final_path):
         found[final_updates] = final_path
     return sorted(found.items())
-
-
-def valid_nll_by_update(train_log):
-    """``{updates: valid nll}`` from fairseq's validation records in a training log (bits per token)."""
-    out = {}
-    for rec in read_train_log(train_log)["valid"]:
-        u, v = number(rec.get("valid_num_updates")), number(rec.get("valid_nll_loss"))
-        if u is not None and v is not None:
-            out[int(u)] = v
-    return out
 
 
 def running_mean(values, width=3):

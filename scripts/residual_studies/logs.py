@@ -70,6 +70,16 @@ def loss_curves(path):
                 params=log["params"])
 
 
+def valid_nll_by_update(train_log):
+    """``{updates: valid nll}`` from fairseq's validation records in a training log (bits per token)."""
+    out = {}
+    for rec in read_train_log(train_log)["valid"]:
+        u, v = number(rec.get("valid_num_updates")), number(rec.get("valid_nll_loss"))
+        if u is not None and v is not None:
+            out[int(u)] = v
+    return out
+
+
 def read_generate(path):
     """Parse ``fairseq-generate`` output.
 

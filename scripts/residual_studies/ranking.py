@@ -19,6 +19,7 @@ from fairseq_residual import paper_results
 
 from .claims import CONDITIONS, cell_metrics, row_color, row_label
 from .files import write_json
+from .logs import valid_nll_by_update
 from .report import _pyplot, markdown_table
 from .stats import mean_sd, ms_text
 
@@ -133,8 +134,6 @@ def cost_table(selection_cells, rows, final_updates, seeds):
 def valid_curve(run_dir):
     """A cell's validation curve from its fairseq logs (``train-u*.log``): ``[[updates, valid nll in bits],
     ...]`` in update order, one point per validation (the cells validate at every checkpoint)."""
-    from .learning_curve import valid_nll_by_update
-
     points = {}
     for path in sorted(glob.glob(os.path.join(run_dir, "train-u*.log"))):
         points.update(valid_nll_by_update(path))
