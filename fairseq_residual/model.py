@@ -25,6 +25,7 @@ and for each of the first five and every registered scheme ``<preset>_<scheme>``
 ``_pre_ln``, ``_resi_dual``, ...), which fix the default scheme (an explicit ``--residual-scheme`` still wins, as any explicit option does
 over a fairseq preset). Without a suffix the scheme defaults to ``resi_dual``.
 """
+import ast
 import contextlib
 import copy
 import logging
@@ -98,6 +99,30 @@ def _transformer_config(args):
     cfg = TransformerConfig.from_namespace(args)
     cfg.residual_options = validated if validated is not None else residual_options(cfg)
     return cfg
+
+
+def _module_names(value):
+    """``--retain-dropout-modules`` as a list of names. fairseq types the option ``Any``, so fairseq-generate and
+    fairseq-interactive hand over the string typed: a Python list literal (``"['A', 'B']"``) or names separated by
+    commas or spaces (``A,B``); a Hydra config or a caller may give a list. None or empty: None.
+
+    Raises:
+        ValueError: a list literal that does not parse, or holds something other than names.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):  # a list, tuple or Hydra ListConfig
+        return [str(v) for v in value]
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            names = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            names = None
+        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"--retain-dropout-modules {value}: expected module names, as A,B or \"['A', 'B']\"")
+        return list(names)
+    return [n for n in text.replace(",", " ").split() if n] or None
 
 
 @register_model(MODEL_NAME)
@@ -210,7 +235,7 @@ class ResidualTransformerModel(TransformerModel):
         Raises:
             ValueError: a name that is no module of this model, listing the names it has.
         """
-        names = getattr(getattr(cfg, "generation", None), "retain_dropout_modules", None)
+        names = _module_names(getattr(getattr(cfg, "generation", None), "retain_dropout_modules", None))
         if getattr(cfg.generation, "retain_dropout", False) and names:
             from omegaconf import OmegaConf, open_dict
 

@@ -425,3 +425,29 @@ def test_layers_to_keep_prunes_to_the_trained_sub_network(scheme):
     with torch.no_grad():
         torch.testing.assert_close(_log_probs(pruned, src, lengths, prev), _log_probs(full, src, lengths, prev),
                                    atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("written", ["TransformerEncoderLayer,TransformerDecoder",
+                                     "['TransformerEncoderLayer', 'TransformerDecoder']",
+                                     "ResidualEncoderLayer ProtocolDecoder"])
+def test_retain_dropout_modules_as_fairseqs_command_line_passes_it(written):
+    """fairseq-generate / fairseq-interactive hand ``--retain-dropout-modules`` over as the string typed
+    (fairseq types the option ``Any``): a comma- or space-separated list or a Python list literal selects the
+    same modules as the list; a name that is no module is still refused by name."""
+    from omegaconf import OmegaConf
+
+    from fairseq.modules import FairseqDropout
+
+    def kept(names):
+        model = tiny("resi_dual", "--dropout", 0.3, seed=1)
+        cfg = OmegaConf.create({"generation": {"retain_dropout": True, "retain_dropout_modules": names,
+                                               "beam": 5, "print_alignment": False, "no_beamable_mm": False}})
+        model.prepare_for_inference_(cfg)
+        return {n for n, m in model.named_modules() if isinstance(m, FairseqDropout) and m.apply_during_inference}
+
+    assert kept(written) == kept(["TransformerEncoderLayer", "TransformerDecoder"]) != set()
+    with pytest.raises(ValueError, match=r"expected module names, as A,B or"):
+        kept("['TransformerEncoderLayer'")
+    with pytest.raises(ValueError, match=r"^--retain-dropout-modules TransformerEncoderLayerz: no module of "):
+        kept(written.replace("TransformerEncoderLayer", "TransformerEncoderLayerz").replace(
+            "ResidualEncoderLayer", "TransformerEncoderLayerz"))
