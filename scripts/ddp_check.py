@@ -212,6 +212,9 @@ def main(argv=None):
     p.add_argument("--updates", type=int, default=3)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     a = p.parse_args(argv)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        p.error("RANK and WORLD_SIZE are not set: run it under torchrun, e.g. "
+                "torchrun --nproc_per_node 2 scripts/ddp_check.py --out ddp.json")
 
     import fairseq_residual  # noqa: F401  (registers the model)
     from fairseq.distributed import utils as distributed_utils

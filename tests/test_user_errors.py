@@ -94,3 +94,16 @@ def test_stock_transformer_checkpoint_loads_into_matching_scheme(tiny_data_bin, 
     gen = fairseq_main("fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", path, "--beam", 2,
                        "--required-batch-size-multiple", 1, "--model-overrides", repr(overrides))
     assert gen.count("\nH-") == 24 and "Generate test with beam=2" in gen
+
+
+def test_ddp_check_without_torchrun_says_how_to_run_it(monkeypatch, capsys):
+    import ddp_check
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        ddp_check.main(["--out", "ddp.json"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "RANK and WORLD_SIZE are not set: run it under torchrun" in err
+    assert "torchrun --nproc_per_node 2 scripts/ddp_check.py" in err
