@@ -237,6 +237,15 @@ def test_the_archive_holds_each_finished_cells_small_files_and_resumes_the_study
         (out / "ranking.json").read_text())["rows"]
 
 
+@pytest.mark.parametrize("option", [["--tune-seeds", "2,3"], ["--select-seed=4"], ["--select-updates", "500"]])
+def test_protocol_options_without_the_grid_are_refused_not_ignored(option, capsys):
+    with pytest.raises(SystemExit):
+        claims.parse_args(["--schemes", "pre_ln", *option])
+    err = capsys.readouterr().err
+    assert f"{option[0].split('=')[0]} belong(s) to the learning-rate protocol and would be ignored without " \
+           "--lr-grid" in err
+
+
 def test_a_selection_seed_among_the_fresh_seeds_is_refused(capsys):
     with pytest.raises(SystemExit):
         claims.parse_args(["--lr-grid", "1e-3,2e-3", "--tune-seeds", "1,2,3"])

@@ -358,6 +358,11 @@ def parse_args(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    protocol_only = sorted(given & {"--select-seed", "--select-updates", "--tune-seeds"})
+    if protocol_only and not args.lr_grid:
+        parser.error(f"{', '.join(protocol_only)} belong(s) to the learning-rate protocol and would be ignored "
+                     "without --lr-grid: add --lr-grid (e.g. --lr-grid 1e-3,2e-3,4e-3) or drop them")
     if args.lr_grid and args.select_seed in args.tune_seeds:
         parser.error(f"--tune-seeds {','.join(map(str, args.tune_seeds))} holds --select-seed {args.select_seed}: "
                      "the seeds at the chosen rate must be fresh (the choice was made on that seed)")
