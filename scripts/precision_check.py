@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from residual_studies.options import nonnegative_int, positive_float, positive_int
+
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "fairseq_residual")
 sys.path.insert(0, str(REPO))
@@ -162,14 +164,15 @@ def _args(argv):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--schemes", help="comma-separated subset of the registry (default: every scheme)")
     p.add_argument("--depths", default="6,12,24,48", help="layers per stack")
-    p.add_argument("--embed-dim", type=int, default=64)
-    p.add_argument("--ffn-dim", type=int, default=128)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--updates", type=int, default=30, help="training updates before the second measurement")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=10, help="linear warm-up updates (0: a fixed learning rate)")
-    p.add_argument("--batch", type=int, default=16, help="sentences per batch")
-    p.add_argument("--batches", type=int, default=2, help="batches per measurement")
+    p.add_argument("--embed-dim", type=positive_int, default=64)
+    p.add_argument("--ffn-dim", type=positive_int, default=128)
+    p.add_argument("--heads", type=positive_int, default=4)
+    p.add_argument("--updates", type=positive_int, default=30, help="training updates before the second measurement")
+    p.add_argument("--lr", type=positive_float, default=1e-3)
+    p.add_argument("--warmup", type=nonnegative_int, default=10,
+                   help="linear warm-up updates (0: a fixed learning rate)")
+    p.add_argument("--batch", type=positive_int, default=16, help="sentences per batch")
+    p.add_argument("--batches", type=positive_int, default=2, help="batches per measurement")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
@@ -178,8 +181,8 @@ def _args(argv):
                    help="instead of the grid: train each SCHEME (extra fairseq flags after ':', space-separated) "
                         "with --memory-efficient-fp16 for --updates updates at --layers-fp16 layers per stack and "
                         "log every update's loss scale, skip, forward peak and scaled-gradient peak")
-    p.add_argument("--layers-fp16", type=int, default=6, help="layers per stack of the --overflow runs")
-    p.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
+    p.add_argument("--layers-fp16", type=positive_int, default=6, help="layers per stack of the --overflow runs")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads on the CPU")
     p.add_argument("--out", required=True, help="JSON, rewritten after every measurement")
     p.add_argument("--markdown", help="also write the tables as markdown here")
     return p.parse_args(argv)

@@ -107,3 +107,15 @@ def test_ddp_check_without_torchrun_says_how_to_run_it(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "RANK and WORLD_SIZE are not set: run it under torchrun" in err
     assert "torchrun --nproc_per_node 2 scripts/ddp_check.py" in err
+
+
+@pytest.mark.parametrize("option, value, message", [("--updates", "0", "must be at least 1, got 0"),
+                                                    ("--lr", "0", "must be above 0, got 0"),
+                                                    ("--warmup", "-1", "must be at least 0, got -1")])
+def test_precision_check_refuses_values_it_cannot_run(option, value, message, capsys):
+    import precision_check
+
+    with pytest.raises(SystemExit) as exit_:
+        precision_check._args([option, value, "--out", "x.json"])
+    assert exit_.value.code == 2
+    assert f"argument {option}: {message}" in capsys.readouterr().err
