@@ -24,16 +24,15 @@ SLOW_FIXTURES = set()
 _guarded = [None]
 
 
-def slow_fixture(*args, **kwargs):
+def slow_fixture(function=None, **kwargs):
     """``pytest.fixture`` for a fixture that starts processes (a CLI, a script, a study): every test that
-    uses it, directly or through another fixture, is marked ``slow``. Takes ``pytest.fixture``'s arguments."""
-    def register(function):
-        SLOW_FIXTURES.add(kwargs.get("name", function.__name__))
-        return pytest.fixture(*args[1:] if args and callable(args[0]) else args, **kwargs)(function)
+    uses it, directly or through another fixture, is marked ``slow``. Used bare (``@slow_fixture``) or with
+    ``pytest.fixture``'s keyword arguments (``@slow_fixture(scope="session")``)."""
+    def register(fn):
+        SLOW_FIXTURES.add(kwargs.get("name", fn.__name__))
+        return pytest.fixture(**kwargs)(fn)
 
-    if args and callable(args[0]):
-        return register(args[0])
-    return register
+    return register if function is None else register(function)
 
 
 def guarded():
