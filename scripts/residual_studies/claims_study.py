@@ -178,14 +178,13 @@ def _progress(args, tuned, results):
     update of every row and the projected cost of the final cells (:func:`.ranking.cost_table`)."""
     rows = tuned["rows"]
     table, cost = ranking.cost_table(tuned["selected"], rows, args.updates, len(args.tune_seeds))
-    final_spent = sum((r.get("train_cpu_s") or 0) + ((r.get("scores") or {}).get("translate_cpu_s") or 0)
-                      for r in results) / 3600
     chosen = sum(lr is not None for lr in tuned["lr_by_row"].values())
     return "\n".join([
         f"Selection cells finished: {len(tuned['selected'])} of {tuned['planned']}; rows with a chosen rate: "
         f"{chosen} of {len(rows)}; final cells finished: {len(results)} of {tuned['tuned']} that can start now "
         f"({len(args.tune_seeds)} per row with a chosen rate; {len(args.tune_seeds) * len(rows)} in all). "
-        f"CPU-hours spent on finished cells (training and translation): {cost['spent_cpu_h'] + final_spent:.2f}; "
+        f"CPU-hours spent on finished cells (training and translation): "
+        f"{cost['spent_cpu_h'] + ranking.cpu_hours(results):.2f}; "
         f"the final cells of the rows measured so far, projected from each row's measured cost per update: "
         f"{cost['projected_final_cpu_h']:.1f} CPU-hours.", "", table])
 

@@ -101,6 +101,12 @@ def plot(rows, path, title):
     plt.close(fig)
 
 
+def cpu_hours(cells):
+    """The CPU-hours the finished ``cells`` (claims-study results) spent training and translating."""
+    return sum((r.get("train_cpu_s") or 0) + ((r.get("scores") or {}).get("translate_cpu_s") or 0)
+               for r in cells) / 3600
+
+
 def cost_table(selection_cells, rows, final_updates, seeds):
     """What the ranking costs, from the finished cells: per row its measured training CPU-seconds per update
     (mean over its finished selection cells) and the projected CPU-hours of its final cells.
@@ -122,8 +128,7 @@ def cost_table(selection_cells, rows, final_updates, seeds):
         projected = None if per_update[row] is None else per_update[row] * final_updates * seeds / 3600
         lines.append([row_label(row), len(mine), "-" if not costs else f"{per_update[row]:.3f}",
                       "-" if projected is None else f"{projected:.2f}"])
-    spent = sum((r.get("train_cpu_s") or 0) + ((r.get("scores") or {}).get("translate_cpu_s") or 0)
-                for r in selection_cells) / 3600
+    spent = cpu_hours(selection_cells)
     projected = sum(v * final_updates * seeds for v in per_update.values() if v) / 3600
     text = markdown_table(["row", "selection cells finished", "training CPU-s per update",
                            f"final cells, projected CPU-h ({seeds} x {final_updates} updates)"], lines)
