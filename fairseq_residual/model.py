@@ -52,6 +52,7 @@ from .encoder_decoder import (
     ResidualTransformerDecoder,
     ResidualTransformerEncoder,
 )
+from .pruning import prune_to_kept_layers
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, get_scheme
 
 MODEL_NAME = "residual_transformer"
@@ -167,6 +168,9 @@ class ResidualTransformerModel(TransformerModel):
             model = super().build_model(args, task)
         finally:
             del args._residual_options  # never saved with the checkpoint's args
+            # fairseq's build sets --*-layers to the number of kept layers; the configuration saved with the
+            # checkpoint keeps the trained depth, so that a model trained pruned reloads as the same sub-network
+            args.encoder_layers, args.decoder_layers = options.encoder_layers, options.decoder_layers
         scheme.initialize(model, args)
         model.training_hook_pending = scheme.needs_training_hook
         return model
@@ -264,9 +268,21 @@ class ResidualTransformerModel(TransformerModel):
         return scriptable
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        """fairseq's load; a scheme whose training hook has nothing left to do (a resumed, profiled Admin
-        model) runs it once more on the next training batch, which only logs that."""
-        result = super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+        """fairseq's load (its ``upgrade_state_dict``, then ``nn.Module.load_state_dict``) with the pruning of
+        :func:`~fairseq_residual.pruning.prune_to_kept_layers` in place of fairseq's ``prune_state_dict``, so
+        that a model trained with ``--*-layers-to-keep`` resumes and translates (``model_cfg`` and ``args``
+        are accepted as fairseq passes them and not needed: the model knows its kept layers). A scheme whose
+        training hook has nothing left to do (a resumed, profiled Admin model) runs it once more on the next
+        training batch, which only logs that.
+
+        Raises:
+            ValueError: the checkpoint's layers match neither the trained model nor the kept layers
+                (:func:`~fairseq_residual.pruning.prune_to_kept_layers`), or its scheme is another one
+                (:class:`~fairseq_residual.encoder_decoder.SchemeMismatchError`).
+        """
+        self.upgrade_state_dict(state_dict)
+        state_dict = prune_to_kept_layers(state_dict, self.encoder.residual_options)
+        result = torch.nn.Module.load_state_dict(self, state_dict, strict)
         self.training_hook_pending = self.encoder.scheme.needs_training_hook
         return result
 

@@ -128,6 +128,38 @@ def test_t_fixup_trains_with_its_schedule_without_warm_up(shipped_data_bin, tmp_
     assert lrs[-1] == pytest.approx(5e-3 * math.sqrt(100 / 103), rel=1e-4)
 
 
+def test_a_model_trained_pruned_translates_and_resumes(tiny_data_bin, tmp_path):
+    """fairseq-train --encoder-layers-to-keep trains the kept sub-network of the deeper model (each kept layer
+    with its index's depth constants); its checkpoint translates and resumes as that sub-network, the stack
+    without a list whole; a whole model's checkpoint prunes at generation with one stack's list."""
+    _, data_bin = tiny_data_bin
+    save = tmp_path / "pruned"
+    flags = ["--arch", "residual_transformer_tiny", "--residual-scheme", "lns", "--encoder-layers", "3",
+             "--encoder-layers-to-keep", "2"]
+    train(data_bin, save, *flags, max_update=2)
+    state = load_checkpoint(save / "checkpoint_last.pt")
+    assert (state["cfg"]["model"].encoder_layers, state["cfg"]["model"].encoder_layers_to_keep) == (3, "2")
+    held = {k.split(".layers.")[0] + "." + k.split(".layers.")[1].split(".")[0] for k in state["model"]
+            if ".layers." in k}
+    assert held == {"encoder.0", "decoder.0", "decoder.1"}
+    gen = translate(data_bin, save / "checkpoint_last.pt", "--max-len-b", "5")
+    assert len([line for line in gen.splitlines() if line.startswith("H-")]) == 24
+    log = train(data_bin, save, *flags, max_update=3)
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 2 updates\)", log)
+    resumed = load_checkpoint(save / "checkpoint_last.pt")
+    assert resumed["optimizer_history"][-1]["num_updates"] == 3
+    assert resumed["cfg"]["model"].encoder_layers_to_keep == "2"  # the resumed run kept its list
+
+    whole = tmp_path / "whole"
+    train(data_bin, whole, "--arch", "residual_transformer_tiny", "--residual-scheme", "lns", max_update=1)
+    gen = translate(data_bin, whole / "checkpoint_last.pt", "--max-len-b", "5",
+                    "--model-overrides", "{'encoder_layers_to_keep': '1'}")
+    assert len([line for line in gen.splitlines() if line.startswith("H-")]) == 24
+    with pytest.raises(AssertionError, match=r"checkpoint holds 1 encoder layers: it was trained pruned"):
+        translate(data_bin, save / "checkpoint_last.pt", "--max-len-b", "5",
+                  "--model-overrides", "{'encoder_layers_to_keep': None}")
+
+
 def test_checkpoint_of_another_scheme_is_refused(tiny_data_bin, tmp_path):
     _, data_bin = tiny_data_bin
     save = tmp_path / "ckpt"

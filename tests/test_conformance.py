@@ -427,6 +427,29 @@ def test_layers_to_keep_prunes_to_the_trained_sub_network(scheme):
                                    atol=1e-5, rtol=0)
 
 
+def test_pruning_keeps_the_stack_without_a_list_and_a_pruned_checkpoint_as_it_is():
+    """The load-time pruning renumbers a whole stack's kept layers, leaves a stack without a list and a
+    checkpoint that already holds only the kept layers (a model trained pruned) as they are, and refuses a
+    checkpoint that matches neither (fairseq's prune_state_dict drops the other stack's layers and prunes a
+    pruned checkpoint again)."""
+    from fairseq_residual.pruning import prune_to_kept_layers
+    from fairseq_residual.schemes import SchemeOptions
+
+    options = SchemeOptions(scheme="lns", params={}, encoder_layers=4, decoder_layers=2,
+                            encoder_kept=(1, 3), decoder_kept=(0, 1))
+    whole = {f"{s}.layers.{i}.w": torch.tensor(float(10 * (s == "decoder") + i))
+             for s, n in (("encoder", 4), ("decoder", 2)) for i in range(n)}
+    whole["encoder.layer_norm.weight"] = torch.ones(1)
+    pruned = prune_to_kept_layers(dict(whole), options)
+    assert {k: float(v) for k, v in pruned.items() if ".layers." in k} == {
+        "encoder.layers.0.w": 1.0, "encoder.layers.1.w": 3.0, "decoder.layers.0.w": 10.0, "decoder.layers.1.w": 11.0}
+    assert "encoder.layer_norm.weight" in pruned
+    assert prune_to_kept_layers(dict(pruned), options).keys() == pruned.keys()  # pruned once, not twice
+    del pruned["encoder.layers.1.w"]
+    with pytest.raises(ValueError, match=r"holds 2 of the trained model's 4 encoder layers .*checkpoint holds 1"):
+        prune_to_kept_layers(pruned, options)
+
+
 @pytest.mark.parametrize("written", ["TransformerEncoderLayer,TransformerDecoder",
                                      "['TransformerEncoderLayer', 'TransformerDecoder']",
                                      "ResidualEncoderLayer ProtocolDecoder"])

@@ -52,6 +52,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor, nn
 
+from ..pruning import held_layers
 from ..residual import NORM_OUTPUT, StackResidual, SublayerResidual, with_main
 from .base import STACKS, Option, ResidualScheme, SchemeOptions
 
@@ -429,7 +430,9 @@ class Admin(ResidualScheme):
             if prefix + old in state_dict:
                 state_dict[prefix + new] = state_dict.pop(prefix + old)
         profile, kept = state_dict.get(prefix + "residual.profile"), options.kept(stack)
-        if profile is not None and kept and len(kept) < options.depth(stack):
+        # a checkpoint of the whole stack (not one trained pruned, which holds only the kept layers' profile)
+        whole = held_layers(state_dict, prefix) == list(range(options.depth(stack)))
+        if profile is not None and kept and len(kept) < options.depth(stack) and whole:
             per_layer = profile.numel() // options.depth(stack)
             state_dict[prefix + "residual.profile"] = profile.view(-1, per_layer)[list(kept)].reshape(-1)
 
