@@ -163,6 +163,8 @@ class _ProtocolStackMixin(_ResidualStackMixin):
         scheme = self.scheme
         self.residual = scheme.stack_residual(cfg, self.stack, len(self.layers), embed_dim)
         eps = scheme.final_norm(cfg, self.stack)
+        if self.stack == "decoder" and cfg.no_decoder_final_norm:  # as fairseq's Pre-LN decoder (check_args
+            eps = None  # refused the flag where the scheme's output formula holds the LayerNorm)
         self.layer_norm = None if eps is None else LayerNorm(embed_dim, eps=eps, export=cfg.export)
 
     def layer_view(self, output) -> Tuple[Tensor, Dict[str, Tensor]]:

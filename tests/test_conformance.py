@@ -427,6 +427,23 @@ def test_layers_to_keep_prunes_to_the_trained_sub_network(scheme):
                                    atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_no_decoder_final_norm_is_honoured_or_refused(scheme):
+    """--no-decoder-final-norm removes the decoder's final LayerNorm (and only it) where the scheme's output is
+    its last state, as fairseq's Pre-LN does; a scheme whose output formula holds that LayerNorm (ResiDual's
+    LN(x_d), SiameseNorm's LN_final) refuses it, naming the flag."""
+    needed = get_scheme(scheme).final_norm_needed
+    if needed:
+        with pytest.raises(ValueError, match=rf"--no-decoder-final-norm .*--residual-scheme {scheme} needs"):
+            tiny(scheme, "--no-decoder-final-norm")
+        return
+    plain, dropped = tiny(scheme, seed=0), tiny(scheme, "--no-decoder-final-norm", seed=0)
+    assert dropped.decoder.layer_norm is None
+    assert (dropped.encoder.layer_norm is None) == (plain.encoder.layer_norm is None)
+    extra = {n for n, _ in plain.named_parameters()} - {n for n, _ in dropped.named_parameters()}
+    assert extra <= {"decoder.layer_norm.weight", "decoder.layer_norm.bias"}
+
+
 def test_pruning_keeps_the_stack_without_a_list_and_a_pruned_checkpoint_as_it_is():
     """The load-time pruning renumbers a whole stack's kept layers, leaves a stack without a list and a
     checkpoint that already holds only the kept layers (a model trained pruned) as they are, and refuses a

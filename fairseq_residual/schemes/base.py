@@ -152,6 +152,9 @@ class ResidualScheme:
             where the scheme puts LayerNorm, and is refused).
         final_norm_eps: eps of the final LayerNorm of each stack of a protocol scheme, None for none
             (:meth:`final_norm` may make it depend on the model's options).
+        final_norm_needed: why the stack output's formula holds the final LayerNorm (``--no-decoder-final-norm``
+            is then refused), or "" where the output is the last state, which ``--no-decoder-final-norm``
+            leaves unnormalised in the decoder as fairseq's Pre-LN does.
         has_layer_norm: False for schemes without any LayerNorm (``--layernorm-embedding`` is refused).
         layerdrop: True when ``--{encoder,decoder}-layerdrop`` is allowed; else :attr:`no_layerdrop_reason`.
         OPTIONS: the scheme's own options (:class:`Option`).
@@ -171,6 +174,7 @@ class ResidualScheme:
     builds_on: str = "pre_ln"
     normalize_before: bool = False
     final_norm_eps: Optional[float] = 1e-5
+    final_norm_needed: str = ""
     has_layer_norm: bool = True
     layerdrop: bool = True
     no_layerdrop_reason: str = ""
@@ -235,6 +239,11 @@ class ResidualScheme:
                         f"{self.name}: the scheme decides where LayerNorm goes; drop "
                         f"--{stack}-normalize-before or use --residual-scheme pre_ln"
                     )
+        if self.final_norm_needed and getattr(args, "no_decoder_final_norm", False):
+            raise ValueError(
+                f"--no-decoder-final-norm drops the decoder's final LayerNorm, which --residual-scheme {self.name} "
+                f"needs: {self.final_norm_needed}; drop --no-decoder-final-norm"
+            )
         if not self.has_layer_norm and getattr(args, "layernorm_embedding", False):
             raise ValueError(
                 f"--layernorm-embedding adds a LayerNorm but --residual-scheme {self.name} has none anywhere: "

@@ -165,6 +165,8 @@ class ResiDual(ResidualScheme):
     recipe = ("the authors' configs (github.com/microsoft/ResiDual): IWSLT14 lr 5e-4, WMT14 1e-3, OPUS-100 4e-3 "
               "(c = 0.05, fp16), inverse_sqrt warm-up 4000 (OPUS 8000), dropout 0.3 (OPUS 0.1): configs/")
     final_norm_eps = FINAL_LN_EPS
+    final_norm_needed = ("the output is x_a + LN_final(x_d) (paper eq. 6): the dual stream x_d is the unnormalised sum "
+                         "of every sub-layer's output, scaled by c, and LN_final is what brings it to x_a's scale")
     OPTIONS = (
         _scale_option("resi_dual_scale", "scale c of the dual stream, x_d = c*emb + c*sum(h), for both stacks; "
                       "a small c (e.g. 0.05) keeps x_d inside the fp16 range without changing the output: "

@@ -87,6 +87,7 @@ class SiameseNorm(ResidualScheme):
     color = "magenta"
     update = "u = LN_post(x); o = drop(F(LN_in(u + LN_pre(y)))); x = u + o/c_l; y = y + o; c_l = sqrt(S(l+1))"
     output = "LN_final(LN_a(x) + LN_b(y))"
+    final_norm_needed = "its stack output is LN_final(LN_a(x) + LN_b(y)) (as the authors' code computes it)"
     source = "Li et al. 2026, arXiv 2602.08064"
     reference = "Qwen-Applications/SiameseNorm, deit-model-siamesenorm.py (post_pre form)"
     reading = ("per stack; cross-attention reads both streams like self-attention; c_l = sqrt(S(l+1)) with S the "
