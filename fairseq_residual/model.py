@@ -52,6 +52,7 @@ from .encoder_decoder import (
     ResidualTransformerDecoder,
     ResidualTransformerEncoder,
 )
+from .optimizer_order import record_saved_order
 from .pruning import prune_to_kept_layers
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, get_scheme
 
@@ -280,9 +281,11 @@ class ResidualTransformerModel(TransformerModel):
                 (:func:`~fairseq_residual.pruning.prune_to_kept_layers`), or its scheme is another one
                 (:class:`~fairseq_residual.encoder_decoder.SchemeMismatchError`).
         """
+        saved_tensors = list(state_dict.values())  # the saved model's order, before renames
         self.upgrade_state_dict(state_dict)
         state_dict = prune_to_kept_layers(state_dict, self.encoder.residual_options)
         result = torch.nn.Module.load_state_dict(self, state_dict, strict)
+        record_saved_order(self, saved_tensors, state_dict)  # the optimizer state follows names, not positions
         self.training_hook_pending = self.encoder.scheme.needs_training_hook
         return result
 

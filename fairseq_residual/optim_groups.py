@@ -18,6 +18,8 @@ import logging
 
 import fairseq.optim
 
+from .optimizer_order import remap_on_load
+
 logger = logging.getLogger(__name__)
 
 
@@ -54,6 +56,7 @@ def _wrap(build):
     def build_optimizer(cfg, params, *args, **kwargs):
         optimizer = build(cfg, params, *args, **kwargs)
         apply_overrides(optimizer)
+        remap_on_load(optimizer)  # a checkpoint's optimizer state onto the parameters of the same name
         return optimizer
 
     build_optimizer._residual_overrides = True

@@ -1,0 +1,121 @@
+"""Resuming optimizer state when the checkpoint's parameter order is not the model's (fairseq loads it by
+position): Admin checkpoints of the layout before the residual protocol listed their omegas under the
+reference code's names and in another order; any later order change would do the same."""
+import argparse
+import copy
+
+import pytest
+import torch
+
+from conftest import build_model, make_dictionary, random_batch
+from fairseq_residual.schemes.admin import REFERENCE_NAMES
+
+
+def fairseq_adam(model):
+    """fairseq's Adam, built as the trainer builds it (``fairseq.optim.build_optimizer``)."""
+    from fairseq import optim
+
+    cfg = argparse.Namespace(optimizer="adam", lr=[1e-2], adam_betas="(0.9, 0.98)", adam_eps=1e-8, weight_decay=0.0,
+                             use_old_adam=False, fp16_adam_stats=False, tpu=False)
+    return optim.build_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
+
+
+def train_step(model, optimizer, d, seed):
+    src, lengths, prev, target = random_batch(d, seed=seed)
+    model.train()
+    optimizer.zero_grad()
+    lprobs = model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
+    (-lprobs.gather(-1, target.unsqueeze(-1)).sum()).backward()
+    optimizer.step()
+
+
+def old_layout(model_state, optimizer_state, param_names):
+    """The checkpoint as the layout before the residual protocol wrote it: Admin's omegas under the reference
+    code's names (``layers.i.attention_ratio_change``, ...), every layer's tensors in reversed order (another
+    registration order), the optimizer state positional in that order."""
+    renamed = {f"{stack}.layers.{{}}.{new}_residual.omega": f"{stack}.layers.{{}}.{old}"
+               for stack, names in REFERENCE_NAMES.items() for old, new in names.items()}
+
+    def old_name(key):
+        parts = key.split(".")
+        if len(parts) > 3 and parts[1] == "layers":
+            template = ".".join(parts[:2] + ["{}"] + parts[3:])
+            if template in renamed:
+                return renamed[template].format(parts[2])
+        return key
+
+    def layer_of(key):
+        parts = key.split(".")
+        return (parts[0], int(parts[2])) if len(parts) > 2 and parts[1] == "layers" else None
+
+    keys, order, i = list(model_state), [], 0
+    while i < len(keys):  # reverse each layer's run of keys
+        j = i
+        while j < len(keys) and layer_of(keys[j]) is not None and layer_of(keys[j]) == layer_of(keys[i]):
+            j += 1
+        order += keys[i:j][::-1] if j > i else [keys[i]]
+        i = max(j, i + 1)
+    old_model = {old_name(k): model_state[k] for k in order}
+    saved = [n for n in order if n in param_names]
+    position = {n: i for i, n in enumerate(param_names)}
+    old_optimizer = copy.deepcopy(optimizer_state)
+    old_optimizer["state"] = {k: optimizer_state["state"][position[n]] for k, n in enumerate(saved)}
+    assert saved != param_names, "the old layout's parameter order differs"
+    return old_model, old_optimizer
+
+
+@pytest.mark.parametrize("remap", [True, False], ids=["by-name", "by-position-negative-control"])
+def test_optimizer_state_follows_parameter_names_on_resume(remap, monkeypatch):
+    """Resuming an Admin run from its old-layout checkpoint continues exactly as resuming from today's
+    layout (same parameters after one more Adam step); loaded by position (fairseq's load, the negative
+    control) the moments land on other parameters and the run is refused (shapes differ) or continues
+    differently."""
+    d = make_dictionary()
+    flags = ["--residual-scheme", "admin", "--dropout", "0"]
+    torch.manual_seed(0)
+    model, _, _ = build_model("residual_transformer_tiny", *flags, dictionary=d)
+    optimizer = fairseq_adam(model)
+    train_step(model, optimizer, d, seed=1)
+    state, opt_state = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+
+    def resume(model_state, optimizer_state):
+        torch.manual_seed(5)
+        resumed, _, _ = build_model("residual_transformer_tiny", *flags, dictionary=d)
+        resumed.load_state_dict(copy.deepcopy(model_state))
+        opt = fairseq_adam(resumed)  # the trainer builds the optimizer after loading the model
+        opt.load_state_dict(copy.deepcopy(optimizer_state))
+        train_step(resumed, opt, d, seed=2)
+        return resumed.state_dict()
+
+    expected = resume(state, opt_state)
+    if not remap:  # fairseq's positional load
+        monkeypatch.setattr("fairseq_residual.optimizer_order.in_current_order", lambda groups, s: s)
+    old_model, old_optimizer = old_layout(state, opt_state, names)
+    if remap:
+        got = resume(old_model, old_optimizer)
+        for key, value in expected.items():
+            torch.testing.assert_close(got[key], value, rtol=0, atol=0, msg=key)
+    else:
+        try:
+            got = resume(old_model, old_optimizer)
+        except RuntimeError as error:  # Adam's moments of one shape on a parameter of another
+            assert "shape" in str(error)
+        else:
+            assert any(not torch.equal(got[k], v) for k, v in expected.items())
+
+
+def test_optimizer_state_of_another_layout_is_refused_with_the_fix():
+    """Optimizer state whose moments do not fit the parameters (a layout no name maps) is refused before
+    Adam's step, naming --reset-optimizer."""
+    d = make_dictionary()
+    torch.manual_seed(0)
+    model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", "admin", dictionary=d)
+    optimizer = fairseq_adam(model)
+    train_step(model, optimizer, d, seed=1)
+    opt_state = copy.deepcopy(optimizer.state_dict())
+    opt_state["state"][0], opt_state["state"][1] = opt_state["state"][1], opt_state["state"][0]
+    shapes = [p.shape for p in model.parameters()]
+    assert shapes[0] != shapes[1]
+    with pytest.raises(ValueError, match=r"optimizer state 'exp_avg' of parameter 0 .*--reset-optimizer"):
+        fairseq_adam(model).load_state_dict(opt_state)
