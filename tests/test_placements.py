@@ -104,3 +104,24 @@ def test_hybrid_norm_normalises_q_k_v_per_head_and_keeps_fairseqs_names():
     src, lengths, prev, _ = random_batch(d)
     model(src, lengths, prev)
     assert seen and seen[0][-1] == 64 // 4
+
+
+def test_hybrid_norm_keeps_fairseqs_quant_noise_on_q_k_v():
+    """--quant-noise-pq drops blocks of the q, k, v weights in training as on fairseq's own projections (the
+    hook moves to the per-head-normed projection); in evaluation the weights are left alone."""
+    d = make_dictionary()
+    torch.manual_seed(0)
+    model = tiny("hybrid_norm", "--quant-noise-pq", 0.5, "--quant-noise-pq-block-size", 8, d=d)
+    attn = model.encoder.layers[0].self_attn
+    before = {p: getattr(attn, p).weight.detach().clone() for p in ("q_proj", "k_proj", "v_proj")}
+    src, lengths, prev, _ = random_batch(d)
+    model.eval()
+    model(src, lengths, prev)
+    assert all(torch.equal(getattr(attn, p).weight, w) for p, w in before.items())
+    model.train()
+    model(src, lengths, prev)
+    for p, w in before.items():  # fairseq's hook: blocks of 8 input features zeroed, the rest scaled 1/(1-p)
+        blocks = getattr(attn, p).weight.detach().view(w.shape[0], -1, 8)
+        dropped = (blocks == 0).all(-1)
+        assert 0 < dropped.float().mean() < 1, p
+        torch.testing.assert_close(blocks[~dropped], (w.view(w.shape[0], -1, 8) * 2)[~dropped])

@@ -59,14 +59,22 @@ class HeadNormLinear(nn.Linear):
 def with_head_norms(attn, export: bool = False):
     """``attn`` (fairseq's ``MultiheadAttention``) with per-head norms on q, k, v, on fairseq's explicit path.
 
+    fairseq's quant-noise (``--quant-noise-pq``, ``fairseq/modules/quant_noise.py``) is a forward pre-hook on
+    each projection that drops blocks of its ``weight`` in training; the hook moves to the new projection,
+    which computes with the same ``weight``.
+
     Raises:
-        ValueError: quant-noise on the projections (``--quant-noise-pq``), which the norms cannot wrap.
+        ValueError: a projection that is not fairseq's ``nn.Linear`` (another wrapper, e.g. weight
+            normalisation), which the norms cannot wrap.
     """
     for name in ("q_proj", "k_proj", "v_proj"):
         proj = getattr(attn, name)
         if type(proj) is not nn.Linear or getattr(proj, "weight_orig", None) is not None:
-            raise ValueError("--quant-noise-pq is not supported with --residual-scheme hybrid_norm: drop it")
-        setattr(attn, name, HeadNormLinear(proj, attn.num_heads, export=export))
+            raise ValueError(f"--residual-scheme hybrid_norm needs fairseq's plain nn.Linear as {name}, got "
+                             f"{type(proj).__name__}: drop the option that wraps the attention's projections")
+        head_norm = HeadNormLinear(proj, attn.num_heads, export=export)
+        head_norm._forward_pre_hooks.update(proj._forward_pre_hooks)  # quant-noise, as fairseq applied it
+        setattr(attn, name, head_norm)
     attn._set_skip_embed_dim_check()  # fairseq's explicit path calls q_proj / k_proj / v_proj
     return attn
 
