@@ -52,6 +52,8 @@ from pathlib import Path
 
 import torch
 
+from residual_studies.options import device
+
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "fairseq_residual")
 sys.path.insert(0, str(REPO))
@@ -210,7 +212,7 @@ def main(argv=None):
                    help="each scheme with one configuration (scheme i with configuration i mod the number of "
                         "configurations) instead of every scheme with every configuration")
     p.add_argument("--updates", type=int, default=3)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--device", type=device, default="cpu", help="cpu (default) or cuda")
     a = p.parse_args(argv)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         p.error("RANK and WORLD_SIZE are not set: run it under torchrun, e.g. "

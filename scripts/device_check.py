@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from residual_studies.options import indexed_device
+
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "fairseq_residual")
 sys.path.insert(0, str(REPO))
@@ -198,7 +200,7 @@ def check(scheme, device, d):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda", help="cuda (or cuda:N), or cpu for a dry run")
+    p.add_argument("--device", type=indexed_device, default="cuda", help="cuda (or cuda:N), or cpu for a dry run")
     p.add_argument("--schemes", help="comma-separated subset of the registry (default: every scheme)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)

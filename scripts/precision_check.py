@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from residual_studies.options import nonnegative_int, positive_float, positive_int
+from residual_studies.options import device, nonnegative_int, positive_float, positive_int
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "fairseq_residual")
@@ -174,7 +174,7 @@ def _args(argv):
     p.add_argument("--batch", type=positive_int, default=16, help="sentences per batch")
     p.add_argument("--batches", type=positive_int, default=2, help="batches per measurement")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--device", type=device, default="cpu", help="cpu (default) or cuda")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="dtype of the measurement forwards (training is fp32)")
     p.add_argument("--overflow", metavar="SCHEME[:FLAGS],...",

@@ -119,3 +119,52 @@ def test_precision_check_refuses_values_it_cannot_run(option, value, message, ca
         precision_check._args([option, value, "--out", "x.json"])
     assert exit_.value.code == 2
     assert f"argument {option}: {message}" in capsys.readouterr().err
+
+
+def _parse_speed(argv):
+    from residual_studies import speed
+
+    speed.get_parser().parse_args(argv)
+
+
+def _parse_claims(argv):
+    from residual_studies import claims
+
+    claims.parse_args(argv)
+
+
+def _parse_precision(argv):
+    import precision_check
+
+    precision_check._args([*argv, "--out", "x.json"])
+
+
+def _parse_ddp(argv):
+    import ddp_check
+
+    ddp_check.main([*argv, "--out", "ddp.json"])
+
+
+def _parse_device(argv):
+    import device_check
+
+    device_check.main([*argv, "--out", "device.json"])
+
+
+@pytest.mark.parametrize("parse", [_parse_speed, _parse_claims, _parse_precision, _parse_ddp, _parse_device],
+                         ids=["speed_benchmark", "claims_study", "precision_check", "ddp_check", "device_check"])
+def test_device_cuda_without_a_gpu_is_refused_at_parsing(parse, monkeypatch, capsys):
+    """Every tool's --device cuda on a machine where torch sees no GPU stops at parsing, naming the fix,
+    instead of running on the CPU and writing "device": "cuda" into its report."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(SystemExit) as exit_:
+        parse(["--device", "cuda"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --device: cuda: torch sees no such CUDA GPU on this machine" in err
+    assert "use --device cpu" in err

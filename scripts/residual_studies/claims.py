@@ -308,7 +308,7 @@ def build_parser():
     p.add_argument("--ablations", type=options.name_list(list(ABLATIONS), "ablation", empty=True), default=[],
                    help="ablation rows to add, comma-separated, from " + "; ".join(
                        f"{k}: {a['what']} ({a['args']})" for k, a in ABLATIONS.items()) + " (default none)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+    p.add_argument("--device", type=options.device, default="cpu",
                    help="cpu (default; one thread per run) or cuda (every run on one GPU, side by side)")
     p.add_argument("--analyze-batches", type=options.positive_int, default=2,
                    help="valid batches for the end-of-training diagnostics (default 2)")

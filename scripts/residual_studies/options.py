@@ -93,3 +93,31 @@ def name_list(choices, what, everything=None, empty=False):
         return unique(values, text)
     parse.__name__ = f"{what} list"
     return parse
+
+
+
+def _device(text, indexed):
+    if text == "cpu":
+        return text
+    if text != "cuda" and not (indexed and text.startswith("cuda:") and text[5:].isdigit()):
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda{', or cuda:N' if indexed else ''}, got {text!r}")
+    import torch
+
+    index = int(text[5:]) if ":" in text else 0
+    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(
+            f"{text}: torch sees no such CUDA GPU on this machine (torch.cuda.is_available() is "
+            f"{torch.cuda.is_available()}, {torch.cuda.device_count()} device(s), torch {torch.__version__}); "
+            f"use --device cpu, or run on a machine with a GPU and a CUDA build of torch")
+    return text
+
+
+def device(text):
+    """A torch device for the tools' ``--device``: ``cpu``, or ``cuda`` on a machine where torch sees a GPU;
+    without one a run would silently train on the CPU and its report would say cuda."""
+    return _device(text, indexed=False)
+
+
+def indexed_device(text):
+    """As :func:`device`, also ``cuda:N`` for the N-th GPU."""
+    return _device(text, indexed=True)

@@ -67,7 +67,7 @@ import sys
 import time
 import warnings
 
-from . import PLUGIN_DIR
+from . import PLUGIN_DIR, options
 from .speed_compare import GOALS, aa_noise, models_summary, ratios_and_goals
 from .speed_harness import DEFAULT_MODELS, MODELS, SHAPES, VARIANTS, load_average, machine_info, measure_shape
 from .speed_report import format_table, load_text, write_json
@@ -87,7 +87,7 @@ def get_parser():
         "stock transformer at the same shape, on synthetic data.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--device", type=options.device, default="cpu")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="bf16/fp16: torch.autocast with fp32 master weights (fairseq --amp); fp16 needs cuda")
     p.add_argument("--shapes", default="iwslt6,deep24",
@@ -173,9 +173,6 @@ def main(argv=None):
     logging.disable(logging.WARNING)  # fairseq's and tensorboardX's import-time chatter
     import torch
 
-    if opts.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("benchmark.py: --device cuda but torch.cuda.is_available() is False: "
-                 "use --device cpu or a CUDA build of torch")
     if opts.dtype == "fp16" and opts.device != "cuda":
         sys.exit("benchmark.py: --dtype fp16 needs --device cuda (use fp32 or bf16 on cpu)")
     if opts.threads:
