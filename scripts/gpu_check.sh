@@ -24,7 +24,8 @@
 #
 # Usage, from the repository root:   OUT=/some/dir bash scripts/gpu_check.sh
 # Knobs (environment): PYTHON (python3), DEVICE (cuda; cpu: a dry run of every step on the CPU at toy
-#   sizes, what tests/test_gpu_check.py runs), SCHEMES (comma-separated subset; default every scheme),
+#   sizes, what tests/test_gpu_check.py runs: its defaults are then the toy sizes and limits set below
+#   DEVICE, and each knob can still be given), SCHEMES (comma-separated subset; default every scheme),
 #   BUDGET_S (570: steps that would start with less than 20 s left are skipped), SHAPES (iwslt6),
 #   REPEATS (3), WARMUP (1), GEN_SENTENCES (32 per beam-search batch; 2 on the CPU), DTYPES
 #   ("fp32 bf16 fp16"), PREC_DEPTHS (6,12,24,48), PREC_WIDTH (512), PREC_UPDATES (10), OVERFLOW_UPDATES (30),
@@ -40,6 +41,12 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-./gpu_out}"
 PY="${PYTHON:-python3}"
 DEVICE="${DEVICE:-cuda}"
+if [ "$DEVICE" = cpu ]; then  # the dry run: every step at toy sizes, one DDP configuration, fp32 only (fp16
+    # has no CPU kernels), and time limits a loaded CPU fits (this checks the steps, not their times)
+    : "${SHAPES:=tiny}" "${REPEATS:=1}" "${WARMUP:=0}" "${DTYPES:=fp32}" "${PREC_DEPTHS:=2}" "${PREC_WIDTH:=64}" \
+      "${PREC_UPDATES:=1}" "${OVERFLOW_UPDATES:=2}" "${OVERFLOW_RUNS:=resi_dual}" "${DDP_CONFIGS:=legacy_ddp}" \
+      "${BUDGET_S:=3000}" "${DEVICE_S:=600}" "${DDP_S:=600}" "${PREC_S:=600}" "${OVERFLOW_S:=600}" "${SPEED_S:=600}"
+fi
 SCHEMES="${SCHEMES:-}"
 BUDGET_S="${BUDGET_S:-570}"
 SHAPES="${SHAPES:-iwslt6}"
