@@ -83,10 +83,78 @@ def test_mhc_mixing_is_doubly_stochastic_and_starts_near_the_identity():
         res.b_res.normal_()  # logits of order 1: the streams really mix
     _, _, h_res = res.coefficients(streams)
     assert (h_res - torch.eye(4)).abs().max() > 0.05
-    torch.testing.assert_close(h_res.sum(-2), torch.ones(5, 3, 4))  # columns: exactly stochastic
-    torch.testing.assert_close(h_res.sum(-1), torch.ones(5, 3, 4), atol=1e-2, rtol=0)  # rows: after 20 rounds
+    torch.testing.assert_close(h_res.sum(-1), torch.ones(5, 3, 4))  # rows (eq. 9's T_r last): exactly stochastic
+    torch.testing.assert_close(h_res.sum(-2), torch.ones(5, 3, 4), atol=1e-2, rtol=0)  # columns: after 20 rounds
     big = sinkhorn_knopp(torch.full((2, 2), 1e4), 20)  # no overflow for large logits
     assert torch.isfinite(big).all()
+
+
+def _sinkhorn_loop(logits, rounds, dims):
+    """Independent Sinkhorn-Knopp: exp, then ``rounds`` times normalise over ``dims[0]``, then ``dims[1]``."""
+    m = torch.exp(logits)
+    for _ in range(rounds):
+        for dim in dims:
+            m = m / m.sum(dim=dim, keepdim=True)
+    return m
+
+
+#: weakly coupled streams: H_res's logits with off-diagonal entries far below the diagonal and unequal, so that
+#: Sinkhorn-Knopp converges slowly (20 rounds leave the 2 x 2 case 1.3e-2 from doubly stochastic)
+WEAK = ([[0.0, -6.0], [-2.0, 0.0]],
+        [[0.0, -8.0, -8.0], [-3.0, 0.0, -8.0], [-8.0, -5.0, 0.0]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rounds", [1, 3, 20])
+@pytest.mark.parametrize("case", [0, 1])
+def test_mhc_sinkhorn_normalises_columns_then_rows_as_eq_9(case, rounds, dtype):
+    """The paper's eq. 9, ``M(t) = T_r(T_c(M(t-1)))``: columns first, rows last, so H_res's rows sum to 1 up to
+    rounding after any number of rounds. Negative control: where the rounds have not converged, the transposed
+    order (rows first, columns last, what the plugin computed before) gives another matrix, and by more than a
+    margin that follows from the row sums alone: A (rows exact) and B (columns exact, row sums r_j) satisfy
+    sum_i (A - B)[j, i] = 1 - r_j for every row j, so max |A - B| >= max_j |1 - r_j| / n."""
+    from fairseq_residual.schemes.mhc import sinkhorn_knopp
+
+    logits = torch.tensor(WEAK[case], dtype=dtype)
+    n = logits.size(-1)
+    got = sinkhorn_knopp(logits, rounds)
+    want = _sinkhorn_loop(logits, rounds, (-2, -1))  # eq. 9
+    other = _sinkhorn_loop(logits, rounds, (-1, -2))  # eq. 9 transposed
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(got, want, rtol=8 * eps, atol=8 * eps)
+    assert (got.sum(-1) - 1).abs().max().item() <= 4 * n * eps  # rows: exact up to rounding
+    row_defect = (other.sum(-1) - 1).abs().max().item()
+    assert row_defect > 1e-2, "the case must not converge within the rounds, or it cannot tell the orders apart"
+    margin = row_defect / n - 4 * n * eps
+    assert (got - other).abs().max().item() >= margin
+    if case == 0 and rounds == 20:  # the derived bound against what the two orders give (2 x 2: exactly twice)
+        assert margin > 6e-3 and (got - other).abs().max().item() > 1.3e-2
+
+
+def test_mhc_model_follows_eq_9_where_sinkhorn_does_not_converge():
+    """The whole model against the transcription with eq. 9's order and with the transposed order, with every
+    H_res weakly coupled (b_res 0 on the diagonal, -2 to -8 off it, unequal): the model equals the first and
+    differs from the second in its log-probabilities."""
+    from references import MHC
+
+    d = make_dictionary()
+    model = tiny("--residual-scheme", "mhc", "--mhc-streams", 3, *DEPTH, d=d)
+    randomise_scheme_parameters(model)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("b_res"):
+                p.copy_(torch.tensor(WEAK[1]) + 0.3 * torch.randn(3, 3))
+            elif name.endswith(("phi_res", "alpha_res")):
+                p.zero_()  # H_res from b_res alone: the same weak coupling at every position
+    src, lengths, prev, _ = random_batch(d, bsz=5)
+    keep = prev.ne(d.pad())
+    with torch.no_grad():
+        lp = model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
+        _, lp_eq9 = reference_forward(model, src, prev, MHC(3))
+        _, lp_transposed = reference_forward(model, src, prev, MHC(3, row_first=True))
+    assert (lp - lp_eq9)[keep].abs().max().item() <= 1e-5
+    assert (lp - lp_transposed)[keep].abs().max().item() > 1e-3
 
 
 def test_siamese_norm_c_l_counts_the_sub_layers_of_its_stack():

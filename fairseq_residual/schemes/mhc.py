@@ -8,9 +8,19 @@ bounded (its spectral norm is at most 1), with coefficients computed from all st
     H_res  = SinkhornKnopp(alpha_res * mat(x' phi_res) + b_res)   n x n, doubly stochastic
     h_in   = sum_i H_pre[i] h_i;  o = drop(F(LN(h_in)));  h'_j = sum_i H_res[j, i] h_i + H_post[j] o
 
-SinkhornKnopp: ``exp``, then ``t_max = 20`` rounds of normalising the rows, then the columns (the paper's
-t_max; the columns end exactly stochastic, the rows to within the iteration's tolerance). The RMSNorm has no
-parameters (eps 1e-20 as the paper's, safe in fp32). The coefficients are computed in fp32 under fp16/bf16.
+SinkhornKnopp is the paper's eq. 9, ``M(0) = exp(H~_res)``, ``M(t) = T_r(T_c(M(t-1)))``, ``H_res = M(t_max)``
+with ``T_c`` / ``T_r`` the column / row normalisation and ``t_max = 20``: every round normalises the columns,
+then the rows, so the rows of ``H_res`` sum to 1 exactly (up to rounding) and the columns to within the
+iteration's tolerance. The rows are the ones that matter most: ``h'_j = sum_i H_res[j, i] h_i`` makes every new
+stream a convex combination of the old ones. DeepSeek-V4's code (huggingface/transformers
+``models/deepseek_v4/modeling_deepseek_v4.py``) ends each round on the columns of its ``comb`` but applies
+``comb`` transposed (``h'_j = sum_i comb[i, j] h_i``): the same order. Versions of this plugin before this
+order was fixed normalised rows first and columns last (the transpose of eq. 9); the two agree within 1e-6
+when the rounds converge and differ when they do not, as for weakly coupled streams (log-probabilities of a
+tiny 3+2-layer model with n = 3: 7e-3 apart with H_res near the identity, 4.5e-2 with off-diagonal logits
+-2 to -8); checkpoints carry no marker of the order, so an mHC model trained before the fix computes slightly
+different outputs when loaded now. The RMSNorm has no parameters (eps 1e-20
+as the paper's, safe in fp32). The coefficients are computed in fp32 under fp16/bf16.
 
 A scheme of its own rather than a ``--hc-manifold`` flag of ``hyper_connections``: its coefficients have
 other parameters (three projections of the flattened streams, three biases, three gates) and another
@@ -58,12 +68,13 @@ OFF_DIAGONAL_LOGIT = -8.0
 
 
 def sinkhorn_knopp(logits: Tensor, iterations: int) -> Tensor:
-    """A doubly stochastic matrix from ``logits`` (... x n x n): ``exp``, then ``iterations`` rounds (the paper:
-    :data:`SINKHORN_ITERATIONS`) of row then column normalisation (fp32 in, fp32 out)."""
+    """A doubly stochastic matrix from ``logits`` (... x n x n), the paper's eq. 9: ``M(0) = exp(logits)``,
+    then ``iterations`` rounds (the paper: :data:`SINKHORN_ITERATIONS`) of ``M(t) = T_r(T_c(M(t-1)))``, column
+    normalisation then row normalisation, so that the rows end exactly stochastic (same dtype out as in)."""
     m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True))  # shift-invariant; no overflow
     for _ in range(iterations):
-        m = m / m.sum(dim=-1, keepdim=True)
-        m = m / m.sum(dim=-2, keepdim=True)
+        m = m / m.sum(dim=-2, keepdim=True)  # T_c: every column sums to 1
+        m = m / m.sum(dim=-1, keepdim=True)  # T_r: every row sums to 1
     return m
 
 
