@@ -157,6 +157,100 @@ def test_mhc_model_follows_eq_9_where_sinkhorn_does_not_converge():
     assert (lp - lp_transposed)[keep].abs().max().item() > 1e-3
 
 
+IDENTITY_CASES = [("hyper_connections", 2, False), ("hyper_connections", 4, False),
+                  ("hyper_connections", 2, True), ("hyper_connections", 4, True),
+                  ("mhc", 2, False), ("mhc", 4, False), ("mhc", 2, True), ("mhc", 4, True)]
+
+
+def restructured_against_frozen(scheme, streams, static, seed=1):
+    """Max |difference| of the log-probabilities and of every parameter's gradient between a float64 model and
+    its twin whose connections run the frozen computation (``tests/frozen_streams.py``), in training mode
+    without dropout. ``static``: hyper-connections' static variant; for mHC, coefficients from the biases
+    alone (projections and gates zero)."""
+    import copy
+
+    from frozen_streams import freeze
+
+    d = make_dictionary()
+    prefix = "hc" if scheme == "hyper_connections" else "mhc"
+    flags = ["--residual-scheme", scheme, f"--{prefix}-streams", streams, "--dropout", 0, *DEPTH]
+    if static and scheme == "hyper_connections":
+        flags.append("--hc-static")
+    model = tiny(*flags, d=d, seed=seed).double()
+    randomise_scheme_parameters(model, seed=seed)
+    if static and scheme == "mhc":
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.rsplit(".", 1)[-1] in ("phi_pre", "phi_post", "phi_res", "alpha_pre", "alpha_post",
+                                               "alpha_res"):
+                    p.zero_()
+    frozen = copy.deepcopy(model)
+    assert freeze(frozen) == 2 * 3 + 3 * 2  # every connection of the 3 + 2 layers
+    src, lengths, prev, _ = random_batch(d, bsz=5)
+    weights = torch.randn(5, prev.size(1), len(d), dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    results = []
+    for m in (model, frozen):
+        m.train()
+        m.zero_grad(set_to_none=True)
+        lp = torch.log_softmax(m(src, lengths, prev)[0], dim=-1)  # fairseq's get_normalized_probs is fp32
+        assert lp.dtype == torch.float64
+        (lp * weights)[prev.ne(d.pad())].sum().div(prev.ne(d.pad()).sum()).backward()  # per-token mean
+        results.append((lp.detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}))
+    (lp_new, grads_new), (lp_old, grads_old) = results
+    keep = prev.ne(d.pad())
+    assert grads_new.keys() == grads_old.keys() and any("residual" in n for n in grads_new)
+    out_diff = (lp_new - lp_old)[keep].abs().max().item()
+    grad_diff = max((grads_new[n] - grads_old[n]).abs().max().item() for n in grads_new)
+    return out_diff, grad_diff
+
+
+@pytest.mark.parametrize("scheme, streams, static", IDENTITY_CASES)
+def test_restructured_connections_compute_the_frozen_function(scheme, streams, static):
+    """The restructured hyper-connection / mHC residuals (one projection, normalisation after it, one mixing
+    product, Sinkhorn-Knopp with its own backward, positions-first streams) compute the same function as the
+    frozen copy of the computation they replace: in float64 on the whole model, log-probabilities and every
+    parameter's gradient within 1e-12."""
+    out_diff, grad_diff = restructured_against_frozen(scheme, streams, static)
+    assert out_diff <= 1e-12 and grad_diff <= 1e-12, (out_diff, grad_diff)
+
+
+def test_float64_coefficients_are_computed_in_float64():
+    """In a float64 model the connection coefficients are float64 (at least fp32, never below the streams'
+    precision): equal to a float64 computation, not rounded to fp32."""
+    for scheme in ("hyper_connections", "mhc"):
+        model = tiny("--residual-scheme", scheme).double()
+        randomise_scheme_parameters(model)
+        res = model.encoder.layers[0].self_attn_residual
+        streams = torch.randn(4, 5, 3, 64, dtype=torch.float64)
+        for got in res.coefficients(streams):
+            assert got.dtype == torch.float64
+        h_res_or_alpha = res.coefficients(streams)[-1 if scheme == "mhc" else 0]
+        rounded = h_res_or_alpha.float().double()
+        assert (h_res_or_alpha - rounded).abs().max() > 0  # not fp32 values in a float64 tensor
+
+
+@pytest.mark.parametrize("rounds", [1, 20])
+def test_sinkhorn_backward_recomputes_the_rounds_exactly(rounds):
+    """Sinkhorn-Knopp's own backward (recomputing the rounds from the logits) gives autograd's gradient of the
+    loop, and its forward is the loop, bit for bit; under TorchScript the loop itself runs."""
+    from fairseq_residual.schemes.mhc import sinkhorn_knopp_positions_last, sinkhorn_knopp_recomputed
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (2 * torch.randn(4, 4, 37, dtype=torch.float64, generator=gen)).requires_grad_()
+    grad = torch.randn(4, 4, 37, dtype=torch.float64, generator=gen)
+    got = sinkhorn_knopp_recomputed(logits, rounds)
+    want = sinkhorn_knopp_positions_last(logits, rounds)
+    assert torch.equal(got, want)
+    g_got, = torch.autograd.grad(got, logits, grad)
+    g_want, = torch.autograd.grad(want, logits, grad)
+    assert (g_got - g_want).abs().max().item() <= 1e-13
+    assert torch.autograd.gradcheck(lambda x: sinkhorn_knopp_recomputed(x, rounds), (logits,))
+    f32 = logits.detach().float()
+    assert torch.equal(sinkhorn_knopp_recomputed(f32, rounds), sinkhorn_knopp_positions_last(f32, rounds))
+    scripted = torch.jit.script(sinkhorn_knopp_recomputed)
+    assert torch.equal(scripted(f32, rounds), sinkhorn_knopp_positions_last(f32, rounds))
+
+
 def test_siamese_norm_c_l_counts_the_sub_layers_of_its_stack():
     model = tiny("--residual-scheme", "siamese_norm", "--encoder-layers", 4, "--decoder-layers", 3)
     for stack, s in ((model.encoder, 2), (model.decoder, 3)):
