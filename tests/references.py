@@ -316,13 +316,17 @@ class HyperConnections(Transcription):
 
 class MHC(HyperConnections):
     """mHC (arXiv 2512.24880, eq. 3, 7-9): x' = RMSNorm(concatenated streams), H_pre = sigmoid(a_pre x' phi_pre +
-    b_pre), H_post = 2 sigmoid(...), H_res = Sinkhorn-Knopp(a_res mat(x' phi_res) + b_res) (exp, 20 rounds of row
-    then column normalisation); h_in = sum_i H_pre[i] h_i, h'_j = sum_i H_res[j, i] h_i + H_post[j] o.
-    ``rows_only``: H_res only row-normalised (a softmax), not doubly stochastic."""
+    b_pre), H_post = 2 sigmoid(...), H_res = Sinkhorn-Knopp(a_res mat(x' phi_res) + b_res) (eq. 9: exp, then 20
+    rounds of M = T_r(T_c(M)), column then row normalisation); h_in = sum_i H_pre[i] h_i,
+    h'_j = sum_i H_res[j, i] h_i + H_post[j] o. ``rows_only``: H_res only row-normalised (a softmax), not doubly
+    stochastic. ``row_first``: every round normalises the rows, then the columns (eq. 9 transposed)."""
 
-    def __init__(self, streams, rows_only=False):
+    def __init__(self, streams, rows_only=False, row_first=False):
         super().__init__(streams)
-        self.rows_only = rows_only
+        self.rows_only, self.row_first = rows_only, row_first
+
+    def _normalise(self, m, dim):
+        return m / m.sum(dim=dim, keepdim=True)
 
     def sublayer(self, stack, layer, l, kind, hs, branch):
         res = getattr(layer, f"{kind}_residual")
@@ -333,10 +337,11 @@ class MHC(HyperConnections):
         post = 2 * torch.sigmoid(res.alpha_post * (x @ res.phi_post) + res.b_post)
         logits = res.alpha_res * (x @ res.phi_res).view(*x.shape[:-1], n, n) + res.b_res
         m = torch.exp(logits)
-        for _ in range(1 if self.rows_only else 20):
-            m = m / m.sum(dim=-1, keepdim=True)
-            if not self.rows_only:
-                m = m / m.sum(dim=-2, keepdim=True)
+        if self.rows_only:
+            m = self._normalise(m, -1)
+        for _ in range(0 if self.rows_only else 20):
+            first, last = (-1, -2) if self.row_first else (-2, -1)  # eq. 9: T_c (dim -2) first, T_r (dim -1) last
+            m = self._normalise(self._normalise(m, first), last)
         h_in = sum(pre[..., i: i + 1] * hs[i] for i in range(n))
         o = branch(ref_ln(getattr(layer, LN_OF[kind]), h_in))
         return [sum(m[..., j, i: i + 1] * hs[i] for i in range(n)) + post[..., j: j + 1] * o for j in range(n)]

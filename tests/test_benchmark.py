@@ -110,3 +110,18 @@ def test_ratios_and_goals(run):
     for name in MODELS:
         assert f"tiny     {name} " in stdout
     assert f"goals: {goals_text()}" in stdout and "resi_dual" in goals_text()
+
+
+def test_block_benchmark_prints_ratios_against_the_plain_block(capsys):
+    """scripts/block_benchmark.py at a toy size: a row per block with its time, peak-memory and saved-bytes
+    ratios to the plain Pre-LN block (1 for the plain block itself), the A/A control among them."""
+    import block_benchmark
+
+    block_benchmark.main(["--schemes", "hyper_connections,mhc", "--embed", "16", "--ffn", "32", "--heads", "2",
+                          "--tokens", "4", "--batch", "2", "--rounds", "2", "--warmup", "0"])
+    rows = {line[:22].strip(): line[22:].split() for line in capsys.readouterr().out.splitlines()
+            if line and not line.startswith(("#", "block"))}
+    assert list(rows) == ["plain", "plain (A/A)", "hyper_connections", "mhc"]
+    assert rows["plain"][1] == "1.000" and rows["plain"][-2:] == ["1.00", "1.00"]
+    for name in ("hyper_connections", "mhc"):  # n = 4 streams keep more for the backward than one stream
+        assert float(rows[name][-1]) > 1

@@ -83,10 +83,172 @@ def test_mhc_mixing_is_doubly_stochastic_and_starts_near_the_identity():
         res.b_res.normal_()  # logits of order 1: the streams really mix
     _, _, h_res = res.coefficients(streams)
     assert (h_res - torch.eye(4)).abs().max() > 0.05
-    torch.testing.assert_close(h_res.sum(-2), torch.ones(5, 3, 4))  # columns: exactly stochastic
-    torch.testing.assert_close(h_res.sum(-1), torch.ones(5, 3, 4), atol=1e-2, rtol=0)  # rows: after 20 rounds
+    torch.testing.assert_close(h_res.sum(-1), torch.ones(5, 3, 4))  # rows (eq. 9's T_r last): exactly stochastic
+    torch.testing.assert_close(h_res.sum(-2), torch.ones(5, 3, 4), atol=1e-2, rtol=0)  # columns: after 20 rounds
     big = sinkhorn_knopp(torch.full((2, 2), 1e4), 20)  # no overflow for large logits
     assert torch.isfinite(big).all()
+
+
+def _sinkhorn_loop(logits, rounds, dims):
+    """Independent Sinkhorn-Knopp: exp, then ``rounds`` times normalise over ``dims[0]``, then ``dims[1]``."""
+    m = torch.exp(logits)
+    for _ in range(rounds):
+        for dim in dims:
+            m = m / m.sum(dim=dim, keepdim=True)
+    return m
+
+
+#: weakly coupled streams: H_res's logits with off-diagonal entries far below the diagonal and unequal, so that
+#: Sinkhorn-Knopp converges slowly (20 rounds leave the 2 x 2 case 1.3e-2 from doubly stochastic)
+WEAK = ([[0.0, -6.0], [-2.0, 0.0]],
+        [[0.0, -8.0, -8.0], [-3.0, 0.0, -8.0], [-8.0, -5.0, 0.0]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rounds", [1, 3, 20])
+@pytest.mark.parametrize("case", [0, 1])
+def test_mhc_sinkhorn_normalises_columns_then_rows_as_eq_9(case, rounds, dtype):
+    """The paper's eq. 9, ``M(t) = T_r(T_c(M(t-1)))``: columns first, rows last, so H_res's rows sum to 1 up to
+    rounding after any number of rounds. Negative control: where the rounds have not converged, the transposed
+    order (rows first, columns last, what the plugin computed before) gives another matrix, and by more than a
+    margin that follows from the row sums alone: A (rows exact) and B (columns exact, row sums r_j) satisfy
+    sum_i (A - B)[j, i] = 1 - r_j for every row j, so max |A - B| >= max_j |1 - r_j| / n."""
+    from fairseq_residual.schemes.mhc import sinkhorn_knopp
+
+    logits = torch.tensor(WEAK[case], dtype=dtype)
+    n = logits.size(-1)
+    got = sinkhorn_knopp(logits, rounds)
+    want = _sinkhorn_loop(logits, rounds, (-2, -1))  # eq. 9
+    other = _sinkhorn_loop(logits, rounds, (-1, -2))  # eq. 9 transposed
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(got, want, rtol=8 * eps, atol=8 * eps)
+    assert (got.sum(-1) - 1).abs().max().item() <= 4 * n * eps  # rows: exact up to rounding
+    row_defect = (other.sum(-1) - 1).abs().max().item()
+    assert row_defect > 1e-2, "the case must not converge within the rounds, or it cannot tell the orders apart"
+    margin = row_defect / n - 4 * n * eps
+    assert (got - other).abs().max().item() >= margin
+    if case == 0 and rounds == 20:  # the derived bound against what the two orders give (2 x 2: exactly twice)
+        assert margin > 6e-3 and (got - other).abs().max().item() > 1.3e-2
+
+
+def test_mhc_model_follows_eq_9_where_sinkhorn_does_not_converge():
+    """The whole model against the transcription with eq. 9's order and with the transposed order, with every
+    H_res weakly coupled (b_res 0 on the diagonal, -2 to -8 off it, unequal): the model equals the first and
+    differs from the second in its log-probabilities."""
+    from references import MHC
+
+    d = make_dictionary()
+    model = tiny("--residual-scheme", "mhc", "--mhc-streams", 3, *DEPTH, d=d)
+    randomise_scheme_parameters(model)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("b_res"):
+                p.copy_(torch.tensor(WEAK[1]) + 0.3 * torch.randn(3, 3))
+            elif name.endswith(("phi_res", "alpha_res")):
+                p.zero_()  # H_res from b_res alone: the same weak coupling at every position
+    src, lengths, prev, _ = random_batch(d, bsz=5)
+    keep = prev.ne(d.pad())
+    with torch.no_grad():
+        lp = model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
+        _, lp_eq9 = reference_forward(model, src, prev, MHC(3))
+        _, lp_transposed = reference_forward(model, src, prev, MHC(3, row_first=True))
+    assert (lp - lp_eq9)[keep].abs().max().item() <= 1e-5
+    assert (lp - lp_transposed)[keep].abs().max().item() > 1e-3
+
+
+IDENTITY_CASES = [("hyper_connections", 2, False), ("hyper_connections", 4, False),
+                  ("hyper_connections", 2, True), ("hyper_connections", 4, True),
+                  ("mhc", 2, False), ("mhc", 4, False), ("mhc", 2, True), ("mhc", 4, True)]
+
+
+def restructured_against_frozen(scheme, streams, static, seed=1):
+    """Max |difference| of the log-probabilities and of every parameter's gradient between a float64 model and
+    its twin whose connections run the frozen computation (``tests/frozen_streams.py``), in training mode
+    without dropout. ``static``: hyper-connections' static variant; for mHC, coefficients from the biases
+    alone (projections and gates zero)."""
+    import copy
+
+    from frozen_streams import freeze
+
+    d = make_dictionary()
+    prefix = "hc" if scheme == "hyper_connections" else "mhc"
+    flags = ["--residual-scheme", scheme, f"--{prefix}-streams", streams, "--dropout", 0, *DEPTH]
+    if static and scheme == "hyper_connections":
+        flags.append("--hc-static")
+    model = tiny(*flags, d=d, seed=seed).double()
+    randomise_scheme_parameters(model, seed=seed)
+    if static and scheme == "mhc":
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.rsplit(".", 1)[-1] in ("phi_pre", "phi_post", "phi_res", "alpha_pre", "alpha_post",
+                                               "alpha_res"):
+                    p.zero_()
+    frozen = copy.deepcopy(model)
+    assert freeze(frozen) == 2 * 3 + 3 * 2  # every connection of the 3 + 2 layers
+    src, lengths, prev, _ = random_batch(d, bsz=5)
+    weights = torch.randn(5, prev.size(1), len(d), dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    results = []
+    for m in (model, frozen):
+        m.train()
+        m.zero_grad(set_to_none=True)
+        lp = torch.log_softmax(m(src, lengths, prev)[0], dim=-1)  # fairseq's get_normalized_probs is fp32
+        assert lp.dtype == torch.float64
+        (lp * weights)[prev.ne(d.pad())].sum().div(prev.ne(d.pad()).sum()).backward()  # per-token mean
+        results.append((lp.detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}))
+    (lp_new, grads_new), (lp_old, grads_old) = results
+    keep = prev.ne(d.pad())
+    assert grads_new.keys() == grads_old.keys() and any("residual" in n for n in grads_new)
+    out_diff = (lp_new - lp_old)[keep].abs().max().item()
+    grad_diff = max((grads_new[n] - grads_old[n]).abs().max().item() for n in grads_new)
+    return out_diff, grad_diff
+
+
+@pytest.mark.parametrize("scheme, streams, static", IDENTITY_CASES)
+def test_restructured_connections_compute_the_frozen_function(scheme, streams, static):
+    """The restructured hyper-connection / mHC residuals (one projection, normalisation after it, one mixing
+    product, Sinkhorn-Knopp with its own backward, positions-first streams) compute the same function as the
+    frozen copy of the computation they replace: in float64 on the whole model, log-probabilities and every
+    parameter's gradient within 1e-12."""
+    out_diff, grad_diff = restructured_against_frozen(scheme, streams, static)
+    assert out_diff <= 1e-12 and grad_diff <= 1e-12, (out_diff, grad_diff)
+
+
+def test_float64_coefficients_are_computed_in_float64():
+    """In a float64 model the connection coefficients are float64 (at least fp32, never below the streams'
+    precision): equal to a float64 computation, not rounded to fp32."""
+    for scheme in ("hyper_connections", "mhc"):
+        model = tiny("--residual-scheme", scheme).double()
+        randomise_scheme_parameters(model)
+        res = model.encoder.layers[0].self_attn_residual
+        streams = torch.randn(4, 5, 3, 64, dtype=torch.float64)
+        for got in res.coefficients(streams):
+            assert got.dtype == torch.float64
+        h_res_or_alpha = res.coefficients(streams)[-1 if scheme == "mhc" else 0]
+        rounded = h_res_or_alpha.float().double()
+        assert (h_res_or_alpha - rounded).abs().max() > 0  # not fp32 values in a float64 tensor
+
+
+@pytest.mark.parametrize("rounds", [1, 20])
+def test_sinkhorn_backward_recomputes_the_rounds_exactly(rounds):
+    """Sinkhorn-Knopp's own backward (recomputing the rounds from the logits) gives autograd's gradient of the
+    loop, and its forward is the loop, bit for bit; under TorchScript the loop itself runs."""
+    from fairseq_residual.schemes.mhc import sinkhorn_knopp_positions_last, sinkhorn_knopp_recomputed
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (2 * torch.randn(4, 4, 37, dtype=torch.float64, generator=gen)).requires_grad_()
+    grad = torch.randn(4, 4, 37, dtype=torch.float64, generator=gen)
+    got = sinkhorn_knopp_recomputed(logits, rounds)
+    want = sinkhorn_knopp_positions_last(logits, rounds)
+    assert torch.equal(got, want)
+    g_got, = torch.autograd.grad(got, logits, grad)
+    g_want, = torch.autograd.grad(want, logits, grad)
+    assert (g_got - g_want).abs().max().item() <= 1e-13
+    assert torch.autograd.gradcheck(lambda x: sinkhorn_knopp_recomputed(x, rounds), (logits,))
+    f32 = logits.detach().float()
+    assert torch.equal(sinkhorn_knopp_recomputed(f32, rounds), sinkhorn_knopp_positions_last(f32, rounds))
+    scripted = torch.jit.script(sinkhorn_knopp_recomputed)
+    assert torch.equal(scripted(f32, rounds), sinkhorn_knopp_positions_last(f32, rounds))
 
 
 def test_siamese_norm_c_l_counts_the_sub_layers_of_its_stack():

@@ -22,7 +22,15 @@ plugin honours for every optimizer (:mod:`fairseq_residual.optim_groups`).
 
 Per stack: every stream starts as a copy of the embedding output (after dropout); the stack output is
 ``LN_final(sum_i h_i)`` (Algorithm 1: sum, then the final norm); the view (``inner_states``) is
-``sum_i h_i``, the extra streams ``h1..hn``. The coefficients are computed in fp32 under fp16/bf16.
+``sum_i h_i``, the extra streams ``h1..hn``. The coefficients, the mixing and the stream sum are computed
+in at least fp32 and never below the streams' precision (fp32 under fp16/bf16, float64 in float64).
+
+Computation (the same function as the textbook order above, restructured for speed): the dynamic part is one
+projection of every stream with ``[W_alpha | w_beta]``, LN_hc applied after it as
+``(h W - mean(h) 1^T W) / sqrt(var(h) + eps)`` (in fp32, with streams whose mean is many times their spread, this
+loses a few more digits than normalising first: coefficients 1e-5 off at mean/std = 20, 2e-4 at 200); branch
+input and carried streams come from one product per position; the streams stay laid out positions-first
+(T x B x n x C in memory) between sub-layers.
 
 The project's reading of the encoder-decoder case (the paper is decoder-only): one set of n streams per
 stack; every sub-layer, cross-attention included, has its own connection; k counts the sub-layers of a
@@ -49,6 +57,17 @@ from .base import Option, ResidualScheme
 
 #: fairseq's per-parameter optimizer overrides (``optim_overrides``) of the static connection weights
 NO_WEIGHT_DECAY = {"weight_decay": 0.0}
+#: LN_hc's eps (a LayerNorm without parameters, torch's default)
+LN_HC_EPS = 1e-5
+
+
+def stream_update(carried: Tensor, coefficient: Tensor, out: Tensor) -> Tensor:
+    """``h'_j = carried_j + coefficient[j] o`` for the carried streams n x T x B x C, the coefficients n x T x B
+    (hyper-connections' ``B``, mHC's ``H_post``) and the branch output ``o`` T x B x C; computed positions-first,
+    so that the result is laid out T x B x n x C in memory (returned as its n x T x B x C view): the next
+    sub-layer then reads every position's n streams as one contiguous n C vector, without a copy."""
+    return torch.addcmul(carried.permute(1, 2, 0, 3), coefficient.permute(1, 2, 0).unsqueeze(-1),
+                         out.unsqueeze(-2)).permute(2, 0, 1, 3)
 
 
 @dataclass(frozen=True)
@@ -74,6 +93,7 @@ class HyperConnection(SublayerResidual):
         super().__init__(site)
         n, c = streams, site.embed_dim
         self.n_streams = n
+        self.ln_eps = LN_HC_EPS
         alpha0 = torch.zeros(n, 1)
         alpha0[site.index % n, 0] = 1.0
         self.static_alpha = nn.Parameter(torch.cat([alpha0, torch.eye(n)], dim=1))  # [A_m | A_r], n x (n + 1)
@@ -85,30 +105,55 @@ class HyperConnection(SublayerResidual):
         for name, value in dynamic_parts.items():  # static hyper-connections have no dynamic parameters
             self.register_parameter(name, nn.Parameter(value) if dynamic else None)
 
-    def coefficients(self, streams: Tensor) -> Tuple[Tensor, Tensor]:
-        """``(alpha, beta)`` in fp32: alpha n x T x B x (n + 1) (row i: stream i's ``[A_m | A_r]`` entries),
-        beta n x T x B, for the streams n x T x B x C."""
-        n = self.n_streams
-        alpha = self.static_alpha.float().view(n, 1, 1, n + 1)
-        beta = self.static_beta.float().view(n, 1, 1)
+    def _positions_first(self, streams: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(alpha P x n x (n + 1), beta P x n, the streams P x n x C)`` for the streams n x T x B x C, P = T B, in
+        the compute dtype (at least fp32, never below the streams' precision); ``alpha[p, i]`` is stream i's
+        ``[A_m | A_r]`` row at position p.
+
+        The dynamic part is one projection of every stream with ``[W_alpha | w_beta]`` (C x (n + 2)) and the
+        LayerNorm applied after it: ``LN(h) W = (h W - mean(h) 1^T W) / sqrt(var(h) + eps)``, so the normalised
+        streams are never formed. Streams laid out positions-first (T x B x n x C in memory, as :meth:`update`
+        leaves them) are read without a copy."""
+        n, t, b, c = streams.shape
+        dtype = torch.promote_types(streams.dtype, torch.float32)
+        h = streams.permute(1, 2, 0, 3).reshape(t * b, n, c).to(dtype)  # a view of positions-first streams
+        alpha = self.static_alpha.to(dtype)
+        beta = self.static_beta.to(dtype)
         if self.dynamic_alpha_fn is not None and self.dynamic_beta_fn is not None \
                 and self.dynamic_alpha_scale is not None and self.dynamic_beta_scale is not None:
-            normed = F.layer_norm(streams.float(), (streams.size(-1),))  # LN_hc, no parameters
-            alpha = alpha + self.dynamic_alpha_scale.float() * torch.tanh(normed @ self.dynamic_alpha_fn.float())
-            beta = beta + self.dynamic_beta_scale.float() * torch.tanh(normed @ self.dynamic_beta_fn.float())
+            fn = torch.cat([self.dynamic_alpha_fn, self.dynamic_beta_fn.unsqueeze(-1)], dim=1).to(dtype)
+            var, mean = torch.var_mean(h, dim=-1, correction=0, keepdim=True)  # LN_hc's, P x n x 1
+            dynamic = torch.tanh((h @ fn - mean * fn.sum(dim=0)) * torch.rsqrt(var + self.ln_eps))  # P x n x (n + 2)
+            alpha = alpha + self.dynamic_alpha_scale.to(dtype) * dynamic[..., : n + 1]
+            beta = beta + self.dynamic_beta_scale.to(dtype) * dynamic[..., n + 1]
         else:
-            alpha = alpha.expand(n, streams.size(1), streams.size(2), n + 1)
-            beta = beta.expand(n, streams.size(1), streams.size(2))
-        return alpha, beta
+            alpha = alpha.expand(t * b, n, n + 1)
+            beta = beta.expand(t * b, n)
+        return alpha, beta, h
+
+    def coefficients(self, streams: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(alpha, beta)`` in at least fp32 and never below the streams' precision: alpha n x T x B x (n + 1)
+        (row i: stream i's ``[A_m | A_r]`` entries, eq. 10-13), beta n x T x B, for the streams n x T x B x C."""
+        n, t, b, _ = streams.shape
+        alpha, beta, _ = self._positions_first(streams)
+        return alpha.view(t, b, n, n + 1).permute(2, 0, 1, 3), beta.reshape(t, b, n).permute(2, 0, 1)
 
     def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        """One mixing product per position, ``[A_m | A_r]^T`` (n + 1 x n) times the streams (n x C): the branch
+        input ``sum_i A_m[i] h_i`` (T x B x C, its own storage, so that what the branch keeps for its backward does
+        not hold the carried streams) and the carried streams ``sum_i A_r[i, j] h_i`` (n x T x B x C, laid out
+        positions-first), with ``B`` (n x T x B) for :meth:`update`."""
         streams = state[0]
-        alpha, beta = self.coefficients(streams)
-        mixed = torch.einsum("itbu,itbc->utbc", alpha, streams.float()).to(streams.dtype)  # (n + 1) x T x B x C
-        return mixed[0], [mixed[1:], beta.to(streams.dtype)]
+        n, t, b, c = streams.shape
+        alpha, beta, h = self._positions_first(streams)
+        branch, carried = (alpha.transpose(-1, -2) @ h).to(streams.dtype).split([1, n], dim=1)
+        return (branch.reshape(t, b, c).contiguous(),
+                [carried.view(t, b, n, c).permute(2, 0, 1, 3),
+                 beta.reshape(t, b, n).permute(2, 0, 1).to(streams.dtype)])
 
     def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
-        return [state[0] + state[1].unsqueeze(-1) * out.unsqueeze(0)]
+        """``h'_j = carried_j + B[j] o``, n x T x B x C laid out positions-first (T x B x n x C)."""
+        return [stream_update(state[0], state[1], out)]
 
     @torch.jit.unused
     def width_mixing(self, streams: Tensor, mask: Tensor) -> Tensor:
@@ -137,11 +182,13 @@ class StreamsStack(StackResidual):
         return [x.unsqueeze(0).expand([self.n_streams] + list(x.shape))]
 
     def final_input(self, state: List[Tensor]) -> Tensor:
-        """``sum_i h_i`` (T x B x C), accumulated in fp32 under fp16/bf16: trained streams may cancel."""
-        return state[0].float().sum(dim=0).to(state[0].dtype)
+        """``sum_i h_i`` (T x B x C), accumulated in fp32 under fp16/bf16 (trained streams may cancel), in the
+        streams' own precision when that is higher (float64)."""
+        streams = state[0]
+        return streams.to(torch.promote_types(streams.dtype, torch.float32)).sum(dim=0).to(streams.dtype)
 
     def view(self, state: List[Tensor]) -> Tensor:
-        return state[0].float().sum(dim=0).to(state[0].dtype)
+        return self.final_input(state)
 
     @torch.jit.unused
     def streams(self, state: List[Tensor]) -> Dict[str, Tensor]:

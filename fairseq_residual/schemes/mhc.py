@@ -8,9 +8,26 @@ bounded (its spectral norm is at most 1), with coefficients computed from all st
     H_res  = SinkhornKnopp(alpha_res * mat(x' phi_res) + b_res)   n x n, doubly stochastic
     h_in   = sum_i H_pre[i] h_i;  o = drop(F(LN(h_in)));  h'_j = sum_i H_res[j, i] h_i + H_post[j] o
 
-SinkhornKnopp: ``exp``, then ``t_max = 20`` rounds of normalising the rows, then the columns (the paper's
-t_max; the columns end exactly stochastic, the rows to within the iteration's tolerance). The RMSNorm has no
-parameters (eps 1e-20 as the paper's, safe in fp32). The coefficients are computed in fp32 under fp16/bf16.
+SinkhornKnopp is the paper's eq. 9, ``M(0) = exp(H~_res)``, ``M(t) = T_r(T_c(M(t-1)))``, ``H_res = M(t_max)``
+with ``T_c`` / ``T_r`` the column / row normalisation and ``t_max = 20``: every round normalises the columns,
+then the rows, so the rows of ``H_res`` sum to 1 exactly (up to rounding) and the columns to within the
+iteration's tolerance. The rows are the ones that matter most: ``h'_j = sum_i H_res[j, i] h_i`` makes every new
+stream a convex combination of the old ones. DeepSeek-V4's code (huggingface/transformers
+``models/deepseek_v4/modeling_deepseek_v4.py``) ends each round on the columns of its ``comb`` but applies
+``comb`` transposed (``h'_j = sum_i comb[i, j] h_i``): the same order. Versions of this plugin before this
+order was fixed normalised rows first and columns last (the transpose of eq. 9); the two agree within 1e-6
+when the rounds converge and differ when they do not, as for weakly coupled streams (log-probabilities of a
+tiny 3+2-layer model with n = 3: 7e-3 apart with H_res near the identity, 4.5e-2 with off-diagonal logits
+-2 to -8); checkpoints carry no marker of the order, so an mHC model trained before the fix computes slightly
+different outputs when loaded now. The RMSNorm has no parameters (eps 1e-20
+as the paper's, safe in fp32). The coefficients and the mixing are computed in at least fp32 and never below
+the streams' precision (fp32 under fp16/bf16, float64 in float64).
+
+Computation (the same function, restructured for speed as the paper's section 4.3.1 suggests): one projection
+of the flattened streams with ``[phi_pre | phi_post | phi_res]``, the RMSNorm's ``1/rms`` applied after it
+(``RMSNorm(x) phi = (x phi) / rms(x)``); the coefficients positions-last (n x n x P), Sinkhorn-Knopp with a
+backward that recomputes its rounds (:func:`sinkhorn_knopp_recomputed`); branch input and carried streams from
+one product per position; the streams laid out positions-first (T x B x n x C in memory) between sub-layers.
 
 A scheme of its own rather than a ``--hc-manifold`` flag of ``hyper_connections``: its coefficients have
 other parameters (three projections of the flattened streams, three biases, three gates) and another
@@ -47,7 +64,7 @@ from torch import Tensor, nn
 
 from ..residual import NORM_INPUT, SublayerResidual
 from .base import Option, ResidualScheme
-from .hyper_connections import StreamsStack
+from .hyper_connections import StreamsStack, stream_update
 
 #: Sinkhorn-Knopp rounds (the paper's t_max)
 SINKHORN_ITERATIONS = 20
@@ -58,13 +75,67 @@ OFF_DIAGONAL_LOGIT = -8.0
 
 
 def sinkhorn_knopp(logits: Tensor, iterations: int) -> Tensor:
-    """A doubly stochastic matrix from ``logits`` (... x n x n): ``exp``, then ``iterations`` rounds (the paper:
-    :data:`SINKHORN_ITERATIONS`) of row then column normalisation (fp32 in, fp32 out)."""
+    """A doubly stochastic matrix from ``logits`` (... x n x n), the paper's eq. 9: ``M(0) = exp(logits)``,
+    then ``iterations`` rounds (the paper: :data:`SINKHORN_ITERATIONS`) of ``M(t) = T_r(T_c(M(t-1)))``, column
+    normalisation then row normalisation, so that the rows end exactly stochastic (same dtype out as in)."""
     m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True))  # shift-invariant; no overflow
     for _ in range(iterations):
-        m = m / m.sum(dim=-1, keepdim=True)
-        m = m / m.sum(dim=-2, keepdim=True)
+        m = m / m.sum(dim=-2, keepdim=True)  # T_c: every column sums to 1
+        m = m / m.sum(dim=-1, keepdim=True)  # T_r: every row sums to 1
     return m
+
+
+def sinkhorn_knopp_positions_last(logits: Tensor, iterations: int) -> Tensor:
+    """:func:`sinkhorn_knopp` (eq. 9) with the matrix first: ``logits`` n x n x P (``[j, i, p]`` is
+    ``H_res[j, i]`` at position p), the P positions contiguous so that every normalisation is a vectorised pass
+    over them. Returns n x n x P."""
+    m = torch.exp(logits - logits.amax(dim=(0, 1), keepdim=True))
+    for _ in range(iterations):
+        m = m / m.sum(dim=0, keepdim=True)  # T_c
+        m = m / m.sum(dim=1, keepdim=True)  # T_r
+    return m
+
+
+class _SinkhornKnopp(torch.autograd.Function):
+    """:func:`sinkhorn_knopp_positions_last` whose backward recomputes the rounds from the logits instead of
+    autograd keeping the 2 t_max intermediate matrices of every sub-layer until the backward pass (forward values
+    bit-identical to the loop: it is the loop). Normalisation ``y = x / s``, ``s = sum_d x``, has the gradient
+    ``dx = (dy - sum_d(dy y)) / s``; ``exp`` has ``dl = dm m``; the max shift has none (the result does not
+    depend on it)."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, iterations: int) -> Tensor:
+        ctx.iterations = iterations
+        ctx.save_for_backward(logits)
+        return sinkhorn_knopp_positions_last(logits, iterations)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (logits,) = ctx.saved_tensors
+        m0 = torch.exp(logits - logits.amax(dim=(0, 1), keepdim=True))
+        steps = []  # (output, sum, dim) of each normalisation, in order
+        m = m0
+        for _ in range(ctx.iterations):
+            for dim in (0, 1):
+                s = m.sum(dim=dim, keepdim=True)
+                m = m / s
+                steps.append((m, s, dim))
+        for y, s, dim in reversed(steps):
+            grad = (grad - (grad * y).sum(dim=dim, keepdim=True)) / s
+        return grad * m0, None
+
+
+@torch.jit.unused
+def _sinkhorn_with_recomputing_backward(logits: Tensor, iterations: int) -> Tensor:
+    return _SinkhornKnopp.apply(logits, iterations)
+
+
+def sinkhorn_knopp_recomputed(logits: Tensor, iterations: int) -> Tensor:
+    """:func:`sinkhorn_knopp_positions_last` (``logits`` n x n x P, eq. 9) with a backward that recomputes the
+    rounds instead of keeping them; the eager loop under TorchScript, which has no custom autograd functions."""
+    if torch.jit.is_scripting():
+        return sinkhorn_knopp_positions_last(logits, iterations)
+    return _sinkhorn_with_recomputing_backward(logits, iterations)
 
 
 @dataclass(frozen=True)
@@ -99,26 +170,51 @@ class ManifoldHyperConnection(SublayerResidual):
         self.alpha_post = nn.Parameter(torch.full((), 1e-2))
         self.alpha_res = nn.Parameter(torch.full((), 1e-2))
 
-    def coefficients(self, streams: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """``(H_pre T x B x n, H_post T x B x n, H_res T x B x n x n)`` in fp32 for the streams n x T x B x C."""
+    def _positions_last(self, streams: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(H_pre n x P, H_post n x P, H_res n x n x P, the streams P x n x C)`` for the streams n x T x B x C,
+        P = T B, in the compute dtype (at least fp32, never below the streams' precision).
+
+        One projection of the flattened streams with ``[phi_pre | phi_post | phi_res]`` (nC x (2n + n^2)), the
+        RMSNorm applied after it: ``RMSNorm(x) phi = (x phi) / rms(x)`` (the paper's section 4.3.1 reordering),
+        so the normalised nC-vector is never formed. Streams laid out positions-first (T x B x n x C in memory,
+        as :meth:`update` leaves them) are flattened without a copy."""
         n, t, b, c = streams.shape
-        x = streams.float().permute(1, 2, 0, 3).reshape(t, b, n * c)
-        x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.rms_eps)
-        pre = torch.sigmoid(self.alpha_pre.float() * (x @ self.phi_pre.float()) + self.b_pre.float())
-        post = 2 * torch.sigmoid(self.alpha_post.float() * (x @ self.phi_post.float()) + self.b_post.float())
-        res = self.alpha_res.float() * (x @ self.phi_res.float()).view(t, b, n, n) + self.b_res.float()
-        return pre, post, sinkhorn_knopp(res, self.sinkhorn_iterations)
+        dtype = torch.promote_types(streams.dtype, torch.float32)
+        h = streams.permute(1, 2, 0, 3).reshape(t * b, n, c).to(dtype)  # a view of positions-first streams
+        flat = h.reshape(t * b, n * c)  # vec(H) per position (a copy only of the stack's expanded start)
+        phi = torch.cat([self.phi_pre, self.phi_post, self.phi_res], dim=1).to(dtype)
+        inv_rms = torch.rsqrt(flat.pow(2).mean(dim=-1) + self.rms_eps)  # P
+        logits = (phi.t() @ flat.t()) * inv_rms  # (2n + n^2) x P: positions last
+        pre, post, res = logits.split([n, n, n * n], dim=0)
+        pre = torch.sigmoid(self.alpha_pre.to(dtype) * pre + self.b_pre.to(dtype).unsqueeze(-1))
+        post = 2 * torch.sigmoid(self.alpha_post.to(dtype) * post + self.b_post.to(dtype).unsqueeze(-1))
+        res = self.alpha_res.to(dtype) * res.view(n, n, t * b) + self.b_res.to(dtype).unsqueeze(-1)
+        return pre, post, sinkhorn_knopp_recomputed(res, self.sinkhorn_iterations), h
+
+    def coefficients(self, streams: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(H_pre T x B x n, H_post T x B x n, H_res T x B x n x n)`` for the streams n x T x B x C (eq. 7-9), in
+        at least fp32 and never below the streams' precision."""
+        n, t, b, _ = streams.shape
+        pre, post, res, _ = self._positions_last(streams)
+        return (pre.t().reshape(t, b, n), post.t().reshape(t, b, n),
+                res.permute(2, 0, 1).reshape(t, b, n, n))
 
     def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        """One mixing product per position, ``[H_pre; H_res] (n + 1 x n)`` times the streams (n x C): the branch
+        input ``sum_i H_pre[i] h_i`` (T x B x C, its own storage, so that what the branch keeps for its backward
+        does not hold the carried streams) and the carried streams ``sum_i H_res[j, i] h_i`` (n x T x B x C, laid
+        out positions-first), with ``H_post`` (n x T x B) for :meth:`update`."""
         streams = state[0]
-        pre, post, res = self.coefficients(streams)
-        h = streams.float()
-        branch = torch.einsum("tbi,itbc->tbc", pre, h).to(streams.dtype)
-        carried = torch.einsum("tbji,itbc->jtbc", res, h).to(streams.dtype)
-        return branch, [carried, post.permute(2, 0, 1).to(streams.dtype)]
+        n, t, b, c = streams.shape
+        pre, post, res, h = self._positions_last(streams)
+        mix = torch.cat([pre.unsqueeze(0), res], dim=0).permute(2, 0, 1)  # P x (n + 1) x n
+        branch, carried = (mix @ h).to(streams.dtype).split([1, n], dim=1)  # P x 1 x C, P x n x C
+        return (branch.reshape(t, b, c).contiguous(),
+                [carried.view(t, b, n, c).permute(2, 0, 1, 3), post.view(n, t, b).to(streams.dtype)])
 
     def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
-        return [state[0] + state[1].unsqueeze(-1) * out.unsqueeze(0)]
+        """``h'_j = carried_j + H_post[j] o`` (eq. 3), n x T x B x C laid out positions-first (T x B x n x C)."""
+        return [stream_update(state[0], state[1], out)]
 
     @torch.jit.unused
     def width_mixing(self, streams: Tensor, mask: Tensor) -> Tensor:
