@@ -8,7 +8,8 @@ decoder layers), ``encoder_decoder`` (stacks), ``model`` (registration and prese
 fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving and resuming), ``tasks`` (the
 ``translation_with_grad_norms`` task), ``lr_scheduler`` (``inverse_sqrt_nowarmup``, T-Fixup's schedule),
 ``optim_groups`` (per-parameter optimizer overrides, e.g. no weight decay, for every fairseq optimizer),
-``precision`` (warns that fairseq's ``--amp`` without CUDA trains in fp32).
+``precision`` (warns that fairseq's ``--amp`` without CUDA trains in fp32), ``cli_help`` (``--help`` lists
+the presets), ``paper_results`` (the ResiDual paper's numbers, ``paper_results.json``).
 ``analyze`` (the ``fairseq-residual-analyze`` command) registers nothing: not imported here. The study
 tooling is not part of the package: it runs from the checkout (``scripts/residual_studies``).
 ``registration_guard`` refuses a second copy of the plugin in one process.

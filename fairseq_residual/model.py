@@ -371,7 +371,7 @@ PRESETS = {
 
 
 def _register_presets():
-    """Register every preset and its three ``_<scheme>`` variants; return all arch names."""
+    """Register every preset and its ``_<scheme>`` variant for every registered scheme; return all arch names."""
     names = []
     for name, fn in PRESETS.items():
         register_model_architecture(MODEL_NAME, name)(fn)

@@ -94,8 +94,10 @@ class SublayerResidual(nn.Module):
     Class constants:
         NORM: where the layer applies the sub-layer's LayerNorm (:data:`NORM_NONE`, :data:`NORM_INPUT`,
             :data:`NORM_OUTPUT`, :data:`NORM_STREAM`).
-        INPUT_SCALE: a constant multiplying the branch input after that LayerNorm (LayerNorm Scaling's
-            ``1/sqrt(l)`` is set per instance in :attr:`input_scale`).
+
+    Attributes:
+        input_scale: a constant multiplying the branch input after that LayerNorm, 1.0 unless a subclass sets
+            it per instance (LayerNorm Scaling's ``1/sqrt(l)``).
     """
 
     NORM = NORM_INPUT

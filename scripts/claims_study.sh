@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The claims study (the paper's warm-up and depth claims, every scheme x conditions x seeds, CPU or GPU):
 # a thin wrapper around scripts/claims_study.py, which does the work. Run with --help for the options;
-# see docs/analysis.md for the measured grid, its cost and the verdicts.
+# docs/analysis.md says how to run it; the measured grids, their cost and the verdicts are in docs/results/
+# (*-claims-study.md, *-ranking*.md).
 set -euo pipefail
 
 NAME="$(basename "$0" .sh)"

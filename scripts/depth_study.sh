@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Depth-scaling study (every registered scheme at 6/12/24/48 layers, same update budget, CPU):
 # a thin wrapper around scripts/depth_study.py, which does the work. Run with --help for the options;
-# see docs/analysis.md for the measured timings and results.
+# docs/analysis.md says how to run it; the measured timings and results are in docs/results/ (*-depth-study.md).
 set -euo pipefail
 
 NAME="$(basename "$0" .sh)"

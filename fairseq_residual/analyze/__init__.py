@@ -23,7 +23,7 @@ What is measured (``analysis.json``, and one PNG per quantity with every model o
   ``h`` (self-attention, cross-attention, FFN; the branch that is added to the residual stream),
   taken over all positions of the K batches (T x B x C each). Forward hooks on the sub-modules
   ``self_attn``, ``encoder_attn`` and ``fc2`` (fairseq's names) capture the output and
-  ``retain_grad`` keeps its gradient, so the same code serves all three schemes. With dropout off
+  ``retain_grad`` keeps its gradient, so the same code serves every scheme. With dropout off
   this output *is* the branch ``h``; with ``--keep-dropout`` it is the output before the dropout.
 * ``cosine_consecutive``: for l = 1 .. L-1, the mean over non-padding token positions of
   ``cos(y_l, y_{l+1})``, where ``y_l`` is layer l's output (the residual stream before any final

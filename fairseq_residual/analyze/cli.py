@@ -40,7 +40,7 @@ def build_parser():
                    help="checkpoint(s) written by fairseq-train; several are overlaid in the plots")
     g.add_argument("--arch", help=f"fresh model: --arch preset (default: {DEFAULT_ARCH})")
     g.add_argument("--residual-scheme", choices=SCHEMES + (ALL,),
-                   help="fresh model: the scheme, or 'all' for the three overlaid (default: all, or the "
+                   help="fresh model: the scheme, or 'all' for every registered scheme overlaid (default: all, or the "
                    "preset's _<scheme> suffix); with --checkpoint: the expected scheme (checked)")
     g.add_argument("--layers", type=int, metavar="N", help="fresh model: layers per stack")
     g.add_argument("--embed-dim", type=int, help="fresh model: embedding / model width")

@@ -6,6 +6,7 @@ schemes from :data:`SCHEMES` here: first the eight of the ResiDual paper's table
 arXiv 2304.14802, tables 1-2) in their order, then the schemes published after it. To add a scheme: write ``schemes/<name>.py`` defining ``SCHEME``,
 an instance of a :class:`~fairseq_residual.schemes.base.ResidualScheme` subclass with a new
 ``scheme_id`` and the module's name as its ``name``, and add the module's name to ``registry_order.py``.
+The README's scheme tables are generated from the registry by :mod:`.docs` (``python -m fairseq_residual.schemes``).
 """
 from importlib import import_module
 

@@ -331,22 +331,32 @@ class Admin(ResidualScheme):
     scheme_id = 4
     builds_on = "post_ln"
     color = "tab:orange"
-    update = "x = LN(omega*x + drop(F(x))); omega (per sub-layer, width d) profiled on the first training batch"
+    update = "x = LN(omega*x + drop(F(x))), one trainable omega of width d per sub-layer"
     output = "x"
-    source = "Liu et al. 2020, arXiv 2004.08249, Admin (adaptive model initialization)"
+    init = ("`omega_k` profiled on the first training batch: `omega_1 = 1`, "
+            "`omega_(k+1)^2 = omega_k^2 Var[x_k] + Var[F_k(x_k)]` per stack")
+    source = "Liu et al. 2020, arXiv 2004.08249 (Admin)"
     reference = (
-        "LiyuanLucasLiu/Transformer-Clinic, fairseq/fairseq/modules/transformer_layer.py "
-        "(--init-type adaptive-profiling / adaptive)"
+        "LiyuanLucasLiu/Transformer-Clinic `fairseq/fairseq/modules/transformer_layer.py` "
+        "(`--init-type adaptive-profiling` / `adaptive`: one training batch with dropout and padding, where the "
+        "paper states accumulated variances)"
     )
-    recipe = ("profiling is automatic (the first training batch of a new run, on one rank, broadcast to all; "
-              "stored in the checkpoint, never redone on resume); IWSLT14: RAdam/Adam (0.9, 0.98), lr 7e-4, "
-              "warm-up 6000, dropout 0.3, weight decay 1e-4")
+    recipe = ("profiling is automatic: the first training batch of a new run (before update 1) sets every omega "
+              "with the reference's recursion (every layer profiled, layer-drop off while it profiles), on one rank, "
+              "broadcast to all; the profile is stored in the checkpoint (buffers `residual.profile`), never redone "
+              "on resume, and logged. `--admin-profile FILE` reads a profile in the reference's `profile.ratio.init` "
+              "format instead (a file of another depth is refused, naming it); `python -m "
+              "fairseq_residual.schemes.admin CHECKPOINT [OUT]` writes one. IWSLT14: RAdam/Adam (0.9, 0.98), lr "
+              "7e-4, warm-up 6000, dropout 0.3, weight decay 1e-4.")
+    fp16_advice = ("without `--admin-profile FILE`, use `--amp` or `--memory-efficient-fp16` (fairseq's fp32 master "
+                   "copy would overwrite the omegas profiled on the first batch); its sums are renormalised after every "
+                   "sub-layer")
     final_norm_eps = None
     OPTIONS = (
         Option("admin_profile", str, None, "read the omegas from FILE (the reference's profile.ratio.init "
                "format, 'k r' per line, encoder k = 1..2N then decoder k = 1..3M) instead of profiling the "
                "first training batch; write one with python -m fairseq_residual.schemes.admin CHECKPOINT OUT",
-               metavar="FILE"),
+               metavar="FILE", default_text="none: profile the first training batch"),
     )
 
     def given_options(self, args):

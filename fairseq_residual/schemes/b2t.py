@@ -76,12 +76,15 @@ class B2T(ResidualScheme):
     scheme_id = 7
     builds_on = "post_ln"
     color = "tab:olive"
-    update = "Post-LN; last LN of each layer: y = LN(h + drop(FFN(h)) + x_in); init of layer weights x L^-1/2"
+    update = "Post-LN, and the layer input x_in added before each layer's last LN: y = LN(h + drop(FFN(h)) + x_in)"
     output = "x"
-    source = "Takase et al. 2023, arXiv 2206.00330, section 3, figure 3"
-    reference = "takase/b2t_connection, fairseq/modules/transformer_layer.py"
+    init = "every layer weight (not LayerNorms, not biases) x `L^(-1/2)`, L = N or M"
+    source = "Takase et al. 2023, arXiv 2206.00330, sec. 3, fig. 3"
+    reference = ("takase/b2t_connection `fairseq/modules/transformer_layer.py` (HEAD: its `rescaling_init` of "
+                 "2023-05-18; the code before it used fairseq's initialisation unscaled)")
     recipe = ("WMT En-De recipe of the reference: lr 1e-3, warm-up 4000, clip-norm 0.1, dropout 0.3 (6L) / 0.5 "
-              "(18L); it has no IWSLT recipe")
+              "(18L); it has no IWSLT recipe.")
+    fp16_advice = "fp16 as is: renormalised after every sub-layer"
     final_norm_eps = None
 
     def sublayer_residual(self, cfg, site):

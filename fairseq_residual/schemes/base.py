@@ -16,7 +16,7 @@ the one loop per stack (:mod:`fairseq_residual.encoder_decoder`) run. A protocol
   scheme) and the fairseq options it cannot honour (:meth:`check_args`).
 
 A new single-stream scheme is one module with a :class:`~fairseq_residual.residual.SublayerResidual`
-subclass and a scheme class, plus one registry line in ``schemes/__init__.py``.
+subclass and a scheme class, plus its module name in ``schemes/registry_order.py``.
 """
 import argparse
 import math
@@ -78,6 +78,7 @@ class Option:
         choices: the allowed values of a string option.
         metavar: for ``--help``.
         negative: for a ``bool`` option, the flag that sets it False (``--hc-static``); ``flag`` sets it True.
+        default_text: the default in words where :attr:`default` is None (``--help`` and README).
     """
 
     dest: str
@@ -91,6 +92,7 @@ class Option:
     choices: Optional[Tuple[str, ...]] = None
     metavar: Optional[str] = None
     negative: Optional[str] = None
+    default_text: Optional[str] = None
 
     @property
     def flag(self) -> str:
@@ -137,13 +139,18 @@ class ResidualScheme:
         scheme_id: the integer stored in every checkpoint (buffer ``residual_scheme_id``); fixed
             forever once released, never reused.
         color: matplotlib colour of the scheme in every plot of the project.
-        update: the update of one sub-layer ``F`` as a formula (README and ``--help``).
+        update: the update of one sub-layer ``F`` as a formula (README's scheme table and ``--help``).
         output: the stack output as a formula.
-        source: the paper (and equation or section) the formula comes from.
-        reference: the reference implementation followed (repository and file), or "".
+        init: what the scheme initialises after fairseq's initialisation (Markdown), or "".
+        source: the paper (and equation or section) the formula comes from (Markdown).
+        reference: the reference implementation followed (repository and file; where the references
+            disagree, which one and what the other does), or "" (Markdown).
         reading: where the authors never defined the encoder-decoder case, the project's reading of it
             (README and the module docstring say it is ours), or "".
-        recipe: the training recipe the scheme's authors used (README).
+        recipe: the training recipe the scheme's authors used (README, Markdown), or "".
+        fp16_advice: what its running sums need in fp16, from the measurements of ``docs/precision.md``
+            (README's compatibility table, Markdown); what the code refuses is found by
+            :func:`fairseq_residual.schemes.docs.refusals`, not written here.
         fairseq_path: True for the schemes that are fairseq's own layers and loops (Post-LN, Pre-LN).
         builds_on: the stock fairseq transformer the scheme modifies, ``post_ln`` or ``pre_ln`` (the
             baseline of its speed and memory ratios): ``pre_ln`` for schemes with a final LayerNorm.
@@ -166,10 +173,12 @@ class ResidualScheme:
     color: str = "tab:gray"
     update: str = ""
     output: str = ""
+    init: str = ""
     source: str = ""
     reference: str = ""
     reading: str = ""
     recipe: str = ""
+    fp16_advice: str = ""
     fairseq_path: bool = False
     builds_on: str = "pre_ln"
     normalize_before: bool = False
@@ -192,7 +201,7 @@ class ResidualScheme:
                                     help=f"{self.label}: see {o.flag}")
                 continue
             extra = {"choices": o.choices} if o.choices else {"type": o.type}
-            default = "" if o.default is None else f"; default {o.default}"
+            default = f"; default {o.default_text}" if o.default_text else "" if o.default is None else f"; default {o.default}"
             rng = "" if o.choices else f"; range {o.range_text()}"
             parser.add_argument(o.flag, metavar=o.metavar, help=f"{self.label}: {o.help}{rng}{default}", **extra)
 

@@ -74,13 +74,17 @@ class DeepNorm(ResidualScheme):
     scheme_id = 3
     builds_on = "post_ln"
     color = "tab:purple"
-    update = "x = LN(alpha*x + drop(F(x))); init of fc1, fc2, v_proj, out_proj x beta"
+    update = "x = LN(alpha*x + drop(F(x))), alpha: encoder 0.81(N^4 M)^(1/16), decoder (3M)^(1/4)"
     output = "x"
-    source = "Wang et al. 2022, arXiv 2203.00555, section 3, table 1"
-    reference = "microsoft/torchscale, torchscale/architecture/encoder.py, decoder.py"
+    init = ("fc1, fc2, v_proj, out_proj (weights and biases) x beta: encoder `1.15(N^4 M)^(-1/16)`, decoder "
+            "`(12M)^(-1/4)`")
+    source = "Wang et al. 2022, arXiv 2203.00555, sec. 3, table 1"
+    reference = ("microsoft/torchscale `torchscale/architecture/encoder.py`, `decoder.py` (the paper's pseudo-code and "
+                 "Transformer-Clinic: encoder beta 0.87 and a xavier re-draw; microsoft/torchscale issue 16)")
     recipe = ("neither torchscale nor Transformer-Clinic ships a DeepNorm translation recipe; torchscale's MT "
-              "example (examples/fairseq/README.md) trains with Adam (0.9, 0.98), lr 5e-4, inverse_sqrt warm-up "
-              "4000, dropout 0.3, weight decay 1e-4: the Post-LN recipe of configs/")
+              "example (`examples/fairseq/README.md`) trains with Adam (0.9, 0.98), lr 5e-4, inverse_sqrt warm-up "
+              "4000, dropout 0.3, weight decay 1e-4: the Post-LN recipe of `configs/`.")
+    fp16_advice = "fp16 as is: renormalised after every sub-layer"
     final_norm_eps = None
 
     def sublayer_residual(self, cfg, site):

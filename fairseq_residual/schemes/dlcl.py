@@ -90,12 +90,16 @@ class DLCL(ResidualScheme):
     label = "DLCL"
     scheme_id = 6
     color = "tab:cyan"
-    update = "x_{l+1} = sum_{k<=l} W[l,k]*LN_k(y_k), y_k = PreLNLayer_k(x_k) (x + drop(F(LN(x))) per sub-layer)"
-    output = "LN_final(sum_{k<=L} W[L,k]*LN_k(y_k))"
-    source = "Wang et al. 2019, ACL, 'Learning Deep Transformer Models for Machine Translation', section 3"
-    reference = "wangqiangneu/dlcl, fairseq/modules/dlcl.py, fairseq/models/dlcl_transformer.py (pre-norm)"
-    recipe = ("the pre-norm variant of the paper's tables (the reference also has a post-norm one, not offered); "
-              "WMT: Adam (0.9, 0.997), lr 2e-3, warm-up 16000")
+    update = ("Pre-LN layers; layer l+1 reads sum_(k<=l) W[l,k] LN_k(y_k) of all earlier outputs "
+              "(y_0 = embedding)")
+    output = "LN_final(sum_k W[L,k] LN_k(y_k))"
+    init = "`W` lower-triangular average, `W[l,k] = 1/(l+1)`, learned"
+    source = "Wang et al. 2019, ACL, sec. 3"
+    reference = ("wangqiangneu/dlcl `fairseq/modules/dlcl.py`, `fairseq/models/dlcl_transformer.py` (pre-norm; its "
+                 "post-norm variant is not offered)")
+    recipe = ("the pre-norm variant of the paper's tables. WMT: Adam (0.9, 0.997), lr 2e-3, warm-up 16000. Its "
+              "combination costs O(L^2) small operations per stack.")
+    fp16_advice = "fp16 as is at the measured depths (normalised history)"
     normalize_before = True
     layerdrop = False
     no_layerdrop_reason = "a dropped layer would shift the layer history W[l,k]"

@@ -117,13 +117,16 @@ class HybridNorm(ResidualScheme):
     update = ("attention: y = x + drop(Attn(x)), q/k/v normalised per head; FFN: z = LN(y), "
               "x = z + drop(FFN(z))")
     output = "LN_final(x)"
-    source = "Zhuo et al. 2025, arXiv 2503.04598, section 3"
-    reference = "BryceZhuo/HybridNorm, dense_model/olmo/model.py (OLMoSequentialBlock)"
-    reading = ("cross-attention normalises q (decoder) and k, v (encoder output) per head, between "
-               "self-attention and the LayerNorm before the FFN")
-    recipe = ("OLMo 1.2B dense: AdamW (0.9, 0.95), lr 3e-4, weight decay 0.1, cosine schedule, clip 1.0, bf16, "
-              "Megatron initialisation (std sqrt(2/(5d)), output projections / sqrt(2L)); a reimplementation "
-              "that skipped that init and warm-up did not converge (BryceZhuo/HybridNorm issue 2)")
+    init = "q/k/v LayerNorms of size head_dim (gamma 1, beta 0)"
+    source = "Zhuo et al. 2025, arXiv 2503.04598, sec. 3"
+    reference = "BryceZhuo/HybridNorm `dense_model/olmo/model.py` (`OLMoSequentialBlock`)"
+    reading = ("cross-attention normalises q (from the decoder) and k, v (from the encoder output) per head, and "
+               "sits between self-attention and the LayerNorm before the FFN")
+    recipe = ("OLMo 1.2B: AdamW (0.9, 0.95), lr 3e-4, weight decay 0.1, cosine schedule, clip 1.0, bf16, with a "
+              "Megatron-style small initialisation (std sqrt(2/(5d)), output projections / sqrt(2L)) that is not part "
+              "of the scheme here; a reimplementation without that init and warm-up did not converge "
+              "(BryceZhuo/HybridNorm issue 2). The paper's HybridNorm* (first layer Pre-Norm) is not offered.")
+    fp16_advice = "fp16 as is: renormalised after every sub-layer"
 
     def sublayer_residual(self, cfg, site):
         return FFNResidual(site) if site.kind == "ffn" else AttentionResidual(site)

@@ -203,15 +203,25 @@ class HyperConnections(ResidualScheme):
     label = "Hyper-connections"
     scheme_id = 13
     color = "navy"
-    update = ("h_in = sum_i A_m[i] h_i; o = drop(F(LN(h_in))); h'_j = sum_i A_r[i,j] h_i + B[j] o, n streams, "
-              "A_m/A_r/B static + dynamic")
+    update = ("n streams; h_in = sum_i A_m[i] h_i; o = drop(F(LN(h_in))); h'_j = sum_i A_r[i,j] h_i + B[j] o; "
+              "A_m, A_r, B static + dynamic")
     output = "LN_final(sum_i h_i)"
-    source = "Zhu et al. 2025, arXiv 2409.19606, eq. 10-14, Algorithm 2"
-    reference = "the paper's Algorithm 2 (App. J); lucidrains/hyper-connections, hyper_connections/hyper_connections.py"
-    reading = ("one set of n streams per stack, each a copy of the embedding output; a connection for every "
-               "sub-layer, cross-attention included, k counted per stack over SA, (CA,) FFN in order")
-    recipe = ("the baseline's recipe unchanged (OLMo / OLMoE; n = 4 with tanh); ViT: n = 2, AdamW (0.9, 0.999), "
-              "lr 3e-3, cosine with 10k warm-up, weight decay 0.3 (none on the static connection weights)")
+    init = ("`A_m = e_(k mod n)`, `A_r = I`, `B = 1`; dynamic `W = 0`, `s = 0.01`; static parts without weight decay "
+            "(fairseq's `optim_overrides`, honoured for every optimizer by `fairseq_residual/optim_groups.py`)")
+    source = "Zhu et al. 2025, arXiv 2409.19606, eq. 10-14, Alg. 2"
+    reference = ("lucidrains/hyper-connections `hyper_connections/hyper_connections.py` (it skipped `A_r` from "
+                 "v0.1.7 to v0.3.10, its issue 8)")
+    reading = ("one set of n streams per stack, each started as a copy of the embedding output; every sub-layer, "
+               "cross-attention included, has its own connection; the sub-layer index k of the one-hot `A_m` counts "
+               "per stack over SA, (CA,) FFN in order, so in the decoder the cycle does not line up with the layers")
+    recipe = ("the baseline's recipe unchanged (OLMo / OLMoE; n = 4 with tanh; n = 8 gives no further gain); ViT: "
+              "n = 2, AdamW (0.9, 0.999), lr 3e-3, cosine with 10k warm-up, weight decay 0.3, none on the static "
+              "connection weights. The paper's \"output projections' std scaled by sqrt(n)\" is not offered: its "
+              "direction is not stated, and at initialisation the final LayerNorm removes any common scale. At "
+              "initialisation the model is Pre-LN (`tests/test_streams.py`).")
+    fp16_advice = ("`--fp16` with weight decay needs `--fp16-no-flatten-grads` (fairseq's flat fp32 copy has no room "
+                   "for the static weights' own parameter group); as Pre-LN: its streams grow and have no scale "
+                   "(coefficients and the stream sum are computed in fp32)")
     OPTIONS = (
         Option("hc_streams", int, 4, "number n of residual streams", low=1, high=16, metavar="N"),
         Option("hc_dynamic", bool, True, "dynamic connections (paper eq. 10-13) on top of the static ones "

@@ -35,12 +35,13 @@ class LNS(ResidualScheme):
     color = "gold"
     update = "x = x + drop(F(LN(x) / sqrt(l))), l = 1-based layer index in its stack"
     output = "LN_final(x)"
-    source = "Sun et al. 2025, arXiv 2502.05795, eq. 3"
-    reference = ("lmsdss/LayerNorm-Scaling, modeling_llama.py (from the formula: HEAD builds identity layers, "
-                 "see the module docstring)")
+    source = "LayerNorm Scaling, Sun et al. 2025, arXiv 2502.05795, eq. 3"
+    reference = ("from the formula: lmsdss/LayerNorm-Scaling builds identity layers at HEAD (`NORM_TYPE` is "
+                 "lower-cased, then compared with `'LNS'`, since commit 33c3899); its first upload computed the formula")
     reading = "l counts per stack; cross-attention is scaled like self-attention"
-    recipe = ("LLaMA on C4: Adam, weight decay 0, bf16, no clipping, 10% warm-up (130M and 250M: lr 1e-3; 350M "
-              "and 1B: 5e-4); plain normal initialisation, no scaled output init")
+    recipe = ("LLaMA on C4: Adam, no weight decay, bf16, no clipping, 10% warm-up, lr 1e-3 (130M, 250M) to 5e-4 "
+              "(350M, 1B); plain normal initialisation (the authors advise against a 1/sqrt(2L)-scaled output init).")
+    fp16_advice = "its stream grows with depth and training and has no scale: measure a checkpoint, and train in bf16 where the peak nears a tenth of 65,504"
 
     def sublayer_residual(self, cfg, site):
         return LNSResidual(site)

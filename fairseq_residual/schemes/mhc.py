@@ -230,15 +230,24 @@ class MHC(ResidualScheme):
     label = "mHC"
     scheme_id = 14
     color = "slateblue"
-    update = ("h_in = sum_i H_pre[i] h_i; o = drop(F(LN(h_in))); h'_j = sum_i H_res[j,i] h_i + H_post[j] o; H_res "
-              "doubly stochastic (Sinkhorn-Knopp), coefficients from RMSNorm(all streams)")
+    update = ("n streams; h_in = sum_i H_pre[i] h_i; o = drop(F(LN(h_in))); h'_j = sum_i H_res[j,i] h_i + H_post[j] o; "
+              "H_pre = sigmoid(.), H_post = 2 sigmoid(.), H_res Sinkhorn-Knopp (20 rounds, doubly stochastic), all "
+              "from RMSNorm(vec(H)), in fp32")
     output = "LN_final(sum_i h_i)"
+    init = ("projections 0, `b_pre` one-hot on stream `k mod n` (breaks the streams' symmetry, as lucidrains'), "
+            "`b_post = 0`, `b_res` 0 / -8 (`H_res` within 1.3e-3 of I), gates 0.01: it starts as Pre-LN")
     source = "DeepSeek-AI 2025, arXiv 2512.24880, eq. 3, 7-9"
-    reference = ("the paper's equations (initialisation: see the module docstring; huggingface/transformers "
-                 "models/deepseek_v4/modeling_deepseek_v4.py and lucidrains/hyper-connections start elsewhere)")
-    reading = "as hyper_connections: one set of n streams per stack, a connection per sub-layer"
+    reference = ("the paper's equations; the public implementations start elsewhere (huggingface/transformers "
+                 "`models/deepseek_v4/modeling_deepseek_v4.py`: undamped, uniform mixing on average; "
+                 "lucidrains/hyper-connections: `H_res = SK(exp(I))`; tokenbender/mHC-lite: logits 0 / -8, followed here)")
+    reading = ("as `hyper_connections`: one set of n streams per stack, a connection per sub-layer; the stack output, "
+               "which the paper does not give, is hyper-connections' `LN_final(sum_i h_i)`")
     recipe = ("DeepSeek-V3-style MoE models (3B-27B): AdamW (0.9, 0.95), eps 1e-20, weight decay 0.1, warm-up 2000, "
-              "step decay x0.316 at 80% and x0.1 at 90%, lr 8.6e-4 / 5.9e-4 / 4.0e-4; n = 4, t_max = 20")
+              "step decay x0.316 at 80% and x0.1 at 90%, lr 8.6e-4 / 5.9e-4 / 4.0e-4, n = 4. A scheme of its own "
+              "rather than a flag of `hyper_connections`: other parameters, another computation, so a checkpoint of "
+              "one cannot be the other.")
+    fp16_advice = ("as Pre-LN: its streams grow and have no scale (its coefficients and the stream sum are "
+                   "computed in fp32)")
     OPTIONS = (Option("mhc_streams", int, 4, "number n of residual streams", low=1, high=16, metavar="N"),)
 
     def options(self, args):

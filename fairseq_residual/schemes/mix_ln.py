@@ -46,10 +46,12 @@ class MixLN(ResidualScheme):
     update = "layers l < floor(a L): x = LN(x + drop(F(x))); the others: x = x + drop(F(LN(x)))"
     output = "LN_final(x)"
     source = "Li, Yin, Liu 2025, arXiv 2412.13795"
-    reference = "pixeli99/MixLN, peft_pretraining/modeling_llama.py (NORM_TYPE post_pre)"
-    reading = "the fraction a applies per stack (floor(a N) encoder, floor(a M) decoder layers are Post-LN)"
-    recipe = ("LLaMA on C4: Adam, weight decay 0, bf16, 10% warm-up (71M: lr 1e-3; 1B and 7B: 5e-4); a = 0.25, "
-              "though the authors' 7B run used 2 Post-LN layers of 32 (pixeli99/MixLN issue 1)")
+    reference = "pixeli99/MixLN `peft_pretraining/modeling_llama.py` (`NORM_TYPE` `post_pre`)"
+    reading = ("the fraction a applies per stack (floor(a N) encoder and floor(a M) decoder layers are Post-LN: one "
+               "layer per stack at 6+6)")
+    recipe = ("LLaMA on C4: Adam, no weight decay, bf16, about 10% warm-up, lr 1e-3 (71M) to 5e-4 (1B, 7B); "
+              "`a = 0.25`, though the authors' own 7B run used 2 Post-LN layers of 32 (pixeli99/MixLN issue 1).")
+    fp16_advice = "its stream grows with depth and training and has no scale: measure a checkpoint, and train in bf16 where the peak nears a tenth of 65,504"
     OPTIONS = (
         Option("mix_ln_fraction", float, 0.25, "share a of each stack's layers that are Post-LN (the lowest "
                "floor(a L)); the others are Pre-LN", low=0.0, high=1.0, metavar="A"),

@@ -51,11 +51,15 @@ class PeriLN(ResidualScheme):
     color = "tab:pink"
     update = "x = x + LN_out(drop(F(LN_in(x))))"
     output = "LN_final(x)"
+    init = "one affine `LN_out` per sub-layer (gamma 1, beta 0)"
     source = "Kim et al. 2025, arXiv 2502.02732; Sandwich-LN, Ding et al. 2021, arXiv 2105.13290"
-    reference = "THUDM/CogView, mpu/sparse_transformer.py (Sandwich-LN; Peri-LN has no public code)"
+    reference = ("THUDM/CogView `mpu/sparse_transformer.py` (Sandwich-LN: the output LN after the dropout; Peri-LN has "
+                 "no public code; fairseq's NormFormer `--scale-attn` puts it before the dropout, decoder only: not "
+                 "this scheme)")
     reading = "both LayerNorms around every sub-layer of both stacks, cross-attention included"
-    recipe = ("decoder-only LMs (400M-3.2B, Megatron-LM): learning rate swept, Pre-LN and Peri-LN both best at "
-              "2e-3; no translation recipe")
+    recipe = ("decoder-only LMs (400M-3.2B, Megatron-LM), learning rate swept: Pre-LN and Peri-LN both best at "
+              "2e-3; no translation recipe.")
+    fp16_advice = "its stream grows with depth and training and has no scale: measure a checkpoint, and train in bf16 where the peak nears a tenth of 65,504"
 
     def sublayer_residual(self, cfg, site):
         return PeriLNResidual(site, export=cfg.export)

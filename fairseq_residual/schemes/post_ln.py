@@ -14,8 +14,9 @@ class PostLN(ResidualScheme):
     color = "tab:red"
     update = "x = LN(x + drop(F(x)))"
     output = "x"
-    source = "Vaswani et al. 2017, arXiv 1706.03762, section 3.1"
-    reference = "fairseq, fairseq/modules/transformer_layer.py (normalize_before=False)"
+    source = "Vaswani et al. 2017, arXiv 1706.03762, sec. 3.1"
+    reference = "fairseq `fairseq/modules/transformer_layer.py` (`normalize_before=False`)"
+    fp16_advice = "fp16 as is: renormalised after every sub-layer"
     fairseq_path = True
     final_norm_eps = None
 

@@ -16,8 +16,9 @@ class PreLN(ResidualScheme):
     color = "tab:blue"
     update = "x = x + drop(F(LN(x)))"
     output = "LN_final(x)"
-    source = "Xiong et al. 2020, arXiv 2002.04745, section 3"
-    reference = "fairseq, fairseq/modules/transformer_layer.py (normalize_before=True)"
+    source = "Xiong et al. 2020, arXiv 2002.04745, sec. 3"
+    reference = "fairseq `fairseq/modules/transformer_layer.py` (`normalize_before=True`)"
+    fp16_advice = ("its stream grows with depth and training and has no scale: measure a checkpoint, and train in bf16 where the peak nears a tenth of 65,504")
     fairseq_path = True
     normalize_before = True
 

@@ -149,7 +149,9 @@ class ResiDualStack(StackResidual):
 
 
 def _scale_option(dest, help):
-    return Option(dest, float, None if dest != "resi_dual_scale" else 1.0, help, low=MIN_SCALE, high=1.0, metavar="C")
+    shared = dest == "resi_dual_scale"
+    return Option(dest, float, 1.0 if shared else None, help, low=MIN_SCALE, high=1.0, metavar="C",
+                  default_text=None if shared else "--resi-dual-scale")
 
 
 class ResiDual(ResidualScheme):
@@ -160,10 +162,15 @@ class ResiDual(ResidualScheme):
     color = "tab:green"
     update = "h = drop(F(x_a)); x_a = LN(x_a + h); x_d = x_d + c*h"
     output = "alpha * x_a + LN_final(x_d)"
-    source = "Xie et al. 2023, arXiv 2304.14802, section 3.2, eq. 4-6"
-    reference = "github.com/microsoft/ResiDual, resi_dual/"
-    recipe = ("the authors' configs (github.com/microsoft/ResiDual): IWSLT14 lr 5e-4, WMT14 1e-3, OPUS-100 4e-3 "
-              "(c = 0.05, fp16), inverse_sqrt warm-up 4000 (OPUS 8000), dropout 0.3 (OPUS 0.1): configs/")
+    init = ("streams start at `x_a = emb`, `x_d = c*emb`; `LN_final` eps `1e-7 c^2`, so that "
+            "`LN_final(c x) = LN_final(x)` exactly")
+    source = "Xie et al. 2023, arXiv 2304.14802, sec. 3.2, eq. 4-6"
+    reference = "microsoft/ResiDual `resi_dual/`"
+    recipe = ("the authors' configs (github.com/microsoft/ResiDual, reproduced in `configs/`): Adam (0.9, 0.98), "
+              "inverse_sqrt warm-up 4000 from 1e-7; IWSLT14 lr 5e-4, dropout 0.3; WMT14 lr 1e-3; OPUS-100 lr 4e-3, "
+              "warm-up 8000, dropout 0.1, fp16 with `c = 0.05`.")
+    fp16_advice = ("its dual stream `x_d` grows with depth and training: `--resi-dual-scale` from "
+                   "`fairseq-residual-analyze`'s `safe_scale` on your checkpoint (the authors use 0.05)")
     final_norm_eps = FINAL_LN_EPS
     final_norm_needed = ("the output is x_a + LN_final(x_d) (paper eq. 6): the dual stream x_d is the unnormalised sum "
                          "of every sub-layer's output, scaled by c, and LN_final is what brings it to x_a's scale")
@@ -171,8 +178,8 @@ class ResiDual(ResidualScheme):
         _scale_option("resi_dual_scale", "scale c of the dual stream, x_d = c*emb + c*sum(h), for both stacks; "
                       "a small c (e.g. 0.05) keeps x_d inside the fp16 range without changing the output: "
                       "LN_final(c*x) = LN_final(x), its eps scaled by c^2"),
-        _scale_option("encoder_resi_dual_scale", "dual-stream scale c of the encoder (default: --resi-dual-scale)"),
-        _scale_option("decoder_resi_dual_scale", "dual-stream scale c of the decoder (default: --resi-dual-scale)"),
+        _scale_option("encoder_resi_dual_scale", "dual-stream scale c of the encoder"),
+        _scale_option("decoder_resi_dual_scale", "dual-stream scale c of the decoder"),
         Option("encoder_resi_dual_alpha", float, 1.0, "weight alpha of the Post-LN stream in the encoder output "
                "alpha*x_a + LN(x_d)", low=0.0, high=10.0, metavar="A"),
         Option("decoder_resi_dual_alpha", float, 1.0, "weight alpha of the Post-LN stream in the decoder output "

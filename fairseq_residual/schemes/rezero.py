@@ -63,13 +63,18 @@ class ReZero(ResidualScheme):
     scheme_id = 11
     builds_on = "post_ln"
     color = "black"
-    update = "x = x + alpha_l * drop(F(x)), one alpha per layer (init 0), no LayerNorm"
+    update = ("x = x + alpha_l * drop(F(x)), one alpha per layer shared by its sub-layers (cross-attention "
+              "included, as the reference), no LayerNorm anywhere")
     output = "x"
+    init = "`alpha_l = 0`"
     source = "Bachlechner et al. 2021, arXiv 2003.04887, eq. 3"
-    reference = "majumderb/rezero, rezero/transformer/rztx.py"
-    recipe = ("no training recipe in the reference repository; the paper trains enwik8 12-layer models; users "
-              "report divergence on large data (advice: Adafactor or a separate learning rate for alpha) and "
-              "alpha drifting to ~0 in deep stacks (majumderb/rezero issue 16)")
+    reference = "majumderb/rezero `rezero/transformer/rztx.py`"
+    recipe = ("the reference ships no training recipe (the paper trains 12-layer enwik8 models). `alpha = 0` makes "
+              "every layer the identity at the start, so the first update moves only the alphas. Users report "
+              "divergence on large data (advice: Adafactor or a separate learning rate for alpha) and alphas "
+              "drifting to about 0 in deep stacks (majumderb/rezero issue 16).")
+    fp16_advice = ("fp16 as is at the measured depths (fixed-scale stream); in `--memory-efficient-fp16` a branch "
+                   "weight's first gradients carry alpha (0 at the start) and may underflow")
     final_norm_eps = None
     has_layer_norm = False
 

@@ -89,11 +89,13 @@ class SiameseNorm(ResidualScheme):
     output = "LN_final(LN_a(x) + LN_b(y))"
     final_norm_needed = "its stack output is LN_final(LN_a(x) + LN_b(y)) (as the authors' code computes it)"
     source = "Li et al. 2026, arXiv 2602.08064"
-    reference = "Qwen-Applications/SiameseNorm, deit-model-siamesenorm.py (post_pre form)"
-    reading = ("per stack; cross-attention reads both streams like self-attention; c_l = sqrt(S(l+1)) with S the "
-               "sub-layers per layer (3 in the decoder; the reference's sqrt(2(l+1)) is written for S = 2)")
-    recipe = ("the reference README's OLMo-1B configs use lr 2e-3 (the configs themselves are not in the repository); "
-              "DeiT / DiT: their official recipes unchanged")
+    reference = "Qwen-Applications/SiameseNorm `deit-model-siamesenorm.py` (`post_pre` form)"
+    reading = ("per stack; cross-attention reads both streams like self-attention; `c_l = sqrt(S (l + 1))` counts "
+               "the updates that accumulate in y: S = 2 in the encoder (the reference's `sqrt(2 (l + 1))`), S = 3 in "
+               "the decoder")
+    recipe = ("the reference's OLMo-1B configs are named for lr 2e-3 (the configs themselves are not in its "
+              "repository); DeiT / DiT: their official recipes unchanged.")
+    fp16_advice = "as Pre-LN, for its stream y: no scale; measure a checkpoint"
 
     def sublayer_residual(self, cfg, site):
         return SiameseResidual(site, export=cfg.export)

@@ -73,13 +73,18 @@ class TFixup(ResidualScheme):
     scheme_id = 5
     builds_on = "post_ln"
     color = "tab:brown"
-    update = "x = x + drop(F(x)), no LayerNorm; depth-scaled init (0.67 N^-1/4, (9M)^-1/4), no warm-up"
+    update = "x = x + drop(F(x)), no LayerNorm anywhere"
     output = "x"
-    source = "Huang et al. 2020, ICML, section 3.3, algorithm 1"
-    reference = "layer6ai-labs/T-Fixup, fairseq/modules/transformer_layer.py, fairseq/models/transformer.py"
-    recipe = ("no warm-up: --lr-scheduler inverse_sqrt_nowarmup --decay-period 4000 --lr 5e-4 (the reference's "
-              "scheduler, provided by the plugin: lr_t = lr * sqrt(P / (P + t))), dropout 0.5 (IWSLT), weight decay "
-              "1e-4, --share-decoder-input-output-embed; a warm-up is accepted but logged as a departure")
+    init = ("fc1/fc2 xavier, bias 0; encoder fc1, fc2, out_proj x `0.67 N^(-1/4)`, v_proj x that `* sqrt(2)`; "
+            "decoder the same with `(9M)^(-1/4)`; token embeddings x `(9N)^(-1/4)` / `(9M)^(-1/4)`")
+    source = "Huang et al. 2020, ICML, sec. 3.3, alg. 1"
+    reference = ("layer6ai-labs/T-Fixup `fairseq/modules/transformer_layer.py`, `fairseq/models/transformer.py` "
+                 "(depth per stack, N and M, where the paper writes one N)")
+    recipe = ("**no warm-up**: `--lr-scheduler inverse_sqrt_nowarmup --decay-period 4000 --lr 5e-4` (the reference's "
+              "scheduler, provided by the plugin: `lr_t = lr * sqrt(P / (P + t))`), dropout 0.5 (IWSLT), weight decay "
+              "1e-4, `--share-decoder-input-output-embed`. A warm-up is accepted but logged as a departure from the "
+              "recipe.")
+    fp16_advice = ("fp16 as is at the measured depths; re-measure on long runs (no LayerNorm bounds its stream)")
     final_norm_eps = None
     has_layer_norm = False
 

@@ -1,0 +1,221 @@
+"""The README's scheme tables, generated from the registry: one home for every scheme fact.
+
+Each scheme's formulas, initialisation, sources, recipe and fp16 advice are attributes of its class
+(:class:`~fairseq_residual.schemes.base.ResidualScheme`), its options are its :attr:`OPTIONS`, and what it
+refuses is what its code refuses: :func:`refusals` builds a small model of every scheme with each fairseq
+option of :data:`PROBES` through fairseq's own parser and registry and records which builds fail. The
+tables are written between marker lines of README.md::
+
+    <!-- BEGIN generated: schemes -->
+    ...
+    <!-- END generated: schemes -->
+
+``python -m fairseq_residual.schemes`` prints the scheme table; ``python -m fairseq_residual.schemes
+--write-readme README.md`` rewrites every block; ``--check README.md`` exits 1 when a block differs
+(``tests/test_readme.py`` runs the same check).
+"""
+import copy
+import functools
+import re
+from typing import Dict, List
+
+from . import DEFAULT_SCHEME, SCHEME_NAMES, SCHEMES
+
+#: the command that rewrites the blocks (named in the check's message)
+WRITE_COMMAND = "python -m fairseq_residual.schemes --write-readme README.md"
+
+#: fairseq options whose build is tried for every scheme: (column, the options as shown, the attributes they
+#: set on the parsed ``fairseq-train`` arguments; NormFormer's ``scale_*``, which fairseq's legacy
+#: ``transformer`` parser does not offer, reach a model through ``--model-overrides`` or Hydra)
+PROBES = (
+    ("layerdrop", "--*-layerdrop", {"encoder_layerdrop": 0.1, "decoder_layerdrop": 0.1}),
+    ("layerdrop", "--*-layers-to-keep", {"encoder_layers_to_keep": "0", "decoder_layers_to_keep": "0"}),
+    ("sublayer", "--cross-self-attention", {"cross_self_attention": True}),
+    ("sublayer", "scale_attn", {"scale_attn": True}),
+    ("sublayer", "scale_fc", {"scale_fc": True}),
+    ("sublayer", "scale_heads", {"scale_heads": True}),
+    ("sublayer", "scale_resids", {"scale_resids": True}),
+    ("other", "--*-normalize-before", {"encoder_normalize_before": True, "decoder_normalize_before": True}),
+    ("other", "--layernorm-embedding", {"layernorm_embedding": True}),
+    ("other", "--no-cross-attention", {"no_cross_attention": True}),
+    ("other", "--quant-noise-pq", {"quant_noise_pq": 0.1}),
+    ("fp16", "--fp16", {"fp16": True}),
+    ("fp16", "--bf16", {"bf16": True}),
+    ("fp16", "--fp16 --weight-decay", {"fp16": True, "weight_decay": 1e-4}),
+)
+
+
+def _cell(text: str) -> str:
+    """A table cell: no line breaks, ``|`` escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _code(text: str) -> str:
+    return f"`{text}`" if text else "-"
+
+
+def _table(header: List[str], rows: List[List[str]], align: List[str] = None) -> List[str]:
+    align = align or ["---"] * len(header)
+    return ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"] + [
+        "| " + " | ".join(_cell(c) for c in row) + " |" for row in rows
+    ]
+
+
+def _name(scheme) -> str:
+    return f"`{scheme.name}`" + (" (default)" if scheme.name == DEFAULT_SCHEME else "")
+
+
+def scheme_table() -> List[str]:
+    """(a) name, update rule, stack output, initialisation, source and reference code of every scheme."""
+    rows = [[_name(s), _code(s.update), _code(s.output), s.init or "-",
+             f"{s.source}; {s.reference}" if s.reference else s.source] for s in SCHEMES]
+    return _table(["scheme (`--residual-scheme`)", "update per sub-layer", "stack output",
+                   "initialisation after fairseq's", "source; reference code"], rows)
+
+
+def _default(option) -> str:
+    if option.default_text:
+        return f"`{option.default_text}`" if option.default_text.startswith("--") else option.default_text
+    if option.type is bool:
+        return f"`{option.flag if option.default else option.negative}`"
+    return f"`{option.default}`"
+
+
+def _range(option) -> str:
+    if option.type is bool:
+        return f"`{option.flag}` or `{option.negative}`"
+    if option.choices:
+        return ", ".join(f"`{c}`" for c in option.choices)
+    if option.type is str:
+        return "a path" if option.metavar == "FILE" else "a string"
+    kind = "integer" if option.type is int else "number"
+    return f"{kind} in `{option.range_text()}`"
+
+
+def options_table() -> List[str]:
+    """(b) ``--residual-scheme`` and every scheme option: its Hydra key, range and default."""
+    rows = [["`--residual-scheme` (`model.residual_scheme`)", "all", ", ".join(f"`{n}`" for n in SCHEME_NAMES),
+             f"`{DEFAULT_SCHEME}`, or the `--arch` preset's", "where LayerNorm and the residual connection go"]]
+    for s in SCHEMES:
+        for o in s.OPTIONS:
+            flag = f"`{o.flag}` / `{o.negative}`" if o.type is bool else f"`{o.flag} {o.metavar}`" if o.metavar else f"`{o.flag}`"
+            rows.append([f"{flag} (`model.{o.dest}`)", f"`{s.name}`", _range(o), _default(o), o.help])
+    return _table(["option (Hydra key)", "scheme", "range", "default", "meaning"], rows)
+
+
+def recipes() -> List[str]:
+    """(c) recommended training per scheme, and the project's reading of the encoder-decoder case."""
+    lines = []
+    for s in SCHEMES:
+        if not s.recipe and not s.reading:
+            continue
+        text = s.recipe
+        if s.reading:
+            text += f" *Encoder-decoder (the project's reading):* {s.reading}."
+        lines.append(f"* `{s.name}`: " + " ".join(text.split()))
+    return lines
+
+
+@functools.lru_cache(maxsize=None)
+def refusals() -> Dict[str, Dict[str, List[str]]]:
+    """``{scheme: {column: [options shown, ...]}}``: the probes whose build fails.
+
+    Each probe builds ``residual_transformer_tiny`` (2+2 layers) of the scheme, parsed as ``fairseq-train``
+    parses it, with the probe's attributes set; a ``ValueError`` is a refusal. No data, no process: about
+    10 ms a build.
+    """
+    import logging
+
+    from fairseq import options
+    from fairseq.data import Dictionary
+    from fairseq.tasks.translation import TranslationTask
+
+    d = Dictionary()
+    for i in range(8):
+        d.add_symbol(f"w{i}")
+    d.finalize(padding_factor=1)
+    quiet = logging.getLogger("fairseq_residual")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    found = {}
+    try:
+        for s in SCHEMES:
+            found[s.name] = {}
+            parsed = options.parse_args_and_arch(options.get_training_parser(), [
+                "/nonexistent-data", "--arch", "residual_transformer_tiny", "--task", "translation",
+                "--residual-scheme", s.name, "--encoder-layers", "2", "--decoder-layers", "2"])
+            for column, shown, attributes in PROBES:
+                args = copy.deepcopy(parsed)
+                for key, value in attributes.items():
+                    setattr(args, key, value)
+                try:
+                    TranslationTask(args, d, d).build_model(args)
+                except ValueError:
+                    found[s.name].setdefault(column, []).append(shown)
+    finally:
+        quiet.setLevel(level)
+    return found
+
+
+def _flags(entries) -> str:
+    return ", ".join(f"`{f}`" for f in entries)
+
+
+def compat_table() -> List[str]:
+    """(d) what each scheme accepts of fairseq's ``transformer`` options, as its code checks them."""
+    found = refusals()
+    every = {c: [shown for column, shown, _ in PROBES if column == c] for c, _, _ in PROBES}
+    rows = []
+    for s in SCHEMES:
+        f = found[s.name]
+        drop, sub, fp16 = f.get("layerdrop", []), f.get("sublayer", []), f.get("fp16", [])
+        if "--fp16" in fp16:  # implied
+            fp16 = [flag for flag in fp16 if not flag.startswith("--fp16 ")]
+        rows.append([
+            _name(s),
+            "yes" if not drop else f"refused ({_flags(drop)}): {s.no_layerdrop_reason}",
+            ("as fairseq (its own layers)" if s.fairseq_path else "yes") if not sub else
+            "refused: they change fairseq's sub-layer code" if sub == every["sublayer"] else f"refused ({_flags(sub)})",
+            _flags(f.get("other", [])) or "none",
+            "yes",
+            "yes",
+            "; ".join(filter(None, ["refused: " + _flags(fp16) if fp16 else "", s.fp16_advice])),
+        ])
+    return _table(["scheme", "layer-drop, pruning", "`--cross-self-attention`, NormFormer (`scale_*`)",
+                   "other options refused", "TorchScript", "`--retain-dropout-modules`", "fp16 / bf16"], rows)
+
+
+#: block name -> its generator
+BLOCKS = {"schemes": scheme_table, "options": options_table, "recipes": recipes, "compat": compat_table}
+
+
+def block(name: str) -> str:
+    return "\n".join(BLOCKS[name]()) + "\n"
+
+
+def _pattern(name: str):
+    return re.compile(rf"(<!-- BEGIN generated: {name} -->\n)(.*?)(<!-- END generated: {name} -->)", re.S)
+
+
+def render(text: str) -> str:
+    """``text`` (a README) with every generated block rewritten.
+
+    Raises:
+        ValueError: a block's markers are missing.
+    """
+    for name in BLOCKS:
+        pattern = _pattern(name)
+        if not pattern.search(text):
+            raise ValueError(f"no '<!-- BEGIN generated: {name} -->' ... '<!-- END generated: {name} -->' block")
+        text = pattern.sub(lambda m: m.group(1) + block(name) + m.group(3), text, count=1)
+    return text
+
+
+def stale_blocks(text: str) -> List[str]:
+    """The names of the blocks of ``text`` that differ from what the registry generates."""
+    stale = []
+    for name in BLOCKS:
+        m = _pattern(name).search(text)
+        if m is None or m.group(2) != block(name):
+            stale.append(name)
+    return stale

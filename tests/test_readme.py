@@ -1,0 +1,81 @@
+"""README.md's generated tables match the registry, and the documentation's references point at real files.
+
+Fast: no process starts (the tables are built in-process by ``fairseq_residual.schemes.docs``).
+"""
+import glob
+import os
+import re
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(REPO, "README.md")
+#: every Markdown page whose references are checked: README.md and docs/**/*.md (the ranking's generated
+#: pages under docs/results/2026-12-04-ranking/ included)
+PAGES = [README] + sorted(glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True))
+
+#: [text](target) and ![alt](target), target without a scheme (http:, mailto:, ...) or a bare #anchor
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+#: `path/to/file.py:LINE` (optionally :LINE-LINE)
+FILE_LINE = re.compile(r"([\w./-]+\.(?:py|sh|md|yaml|json)):(\d+)(?:-(\d+))?")
+#: tests/... paths
+TESTS_PATH = re.compile(r"(?<![\w./-])(tests/[\w./-]*\w)")
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def test_readme_generated_blocks_match_the_registry():
+    from fairseq_residual.schemes.docs import WRITE_COMMAND, stale_blocks
+
+    stale = stale_blocks(_read(README))
+    assert not stale, (f"README.md's generated blocks {', '.join(stale)} differ from what the scheme registry "
+                       f"generates: run {WRITE_COMMAND}")
+
+
+def test_every_scheme_option_is_in_the_options_table():
+    from fairseq_residual.schemes import SCHEMES
+
+    readme = _read(README)
+    for scheme in SCHEMES:
+        for option in scheme.OPTIONS:
+            assert f"`{option.flag}" in readme and f"`model.{option.dest}`" in readme, option.flag
+
+
+def _targets(path):
+    text = _read(path)
+    text_no_code = re.sub(r"```.*?```", "", text, flags=re.S)
+    for m in LINK.finditer(text_no_code):
+        target = m.group(1)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue
+        yield "link", target.split("#")[0], None
+    for m in FILE_LINE.finditer(text):
+        yield "line", m.group(1), int(m.group(3) or m.group(2))
+    for m in TESTS_PATH.finditer(text):
+        yield "tests", m.group(1), None
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: os.path.relpath(p, REPO))
+def test_references_point_at_existing_files(page):
+    """Every relative link, every ``file.py:LINE`` (the file has that many lines) and every ``tests/...`` path of
+    README.md and docs/**/*.md names a file or folder of the checkout."""
+    here = os.path.dirname(page)
+    missing = []
+    for kind, target, line in _targets(page):
+        if kind == "link":
+            path = os.path.normpath(os.path.join(here, target))
+        else:  # file.py:LINE and tests/... are written relative to the repository root
+            path = os.path.join(REPO, target)
+            if not os.path.exists(path) and kind == "line":
+                path = os.path.normpath(os.path.join(here, target))
+        if not os.path.exists(path):
+            missing.append(f"{target} ({kind}): no such file")
+        elif line is not None and os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                n = sum(1 for _ in f)
+            if line > n:
+                missing.append(f"{target}:{line}: the file has {n} lines")
+    assert not missing, f"{os.path.relpath(page, REPO)}: " + "; ".join(missing)
