@@ -8,6 +8,8 @@ decoder layers), ``encoder_decoder`` (stacks), ``model`` (registration and prese
 fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving and resuming), ``tasks`` (the
 ``translation_with_grad_norms`` task), ``lr_scheduler`` (``inverse_sqrt_nowarmup``, T-Fixup's schedule),
 ``optim_groups`` (per-parameter optimizer overrides, e.g. no weight decay, for every fairseq optimizer),
+``optimizer_order`` (resumed optimizer state onto the parameters of the same name), ``pruning`` (loading
+models pruned with ``--*-layers-to-keep``, also trained pruned),
 ``precision`` (warns that fairseq's ``--amp`` without CUDA trains in fp32), ``cli_help`` (``--help`` lists
 the presets), ``paper_results`` (the ResiDual paper's numbers, ``paper_results.json``).
 ``analyze`` (the ``fairseq-residual-analyze`` command) registers nothing: not imported here. The study

@@ -38,6 +38,7 @@ PROBES = (
     ("other", "--*-normalize-before", {"encoder_normalize_before": True, "decoder_normalize_before": True}),
     ("other", "--layernorm-embedding", {"layernorm_embedding": True}),
     ("other", "--no-cross-attention", {"no_cross_attention": True}),
+    ("other", "--no-decoder-final-norm", {"no_decoder_final_norm": True}),
     ("other", "--quant-noise-pq", {"quant_noise_pq": 0.1}),
     ("fp16", "--fp16", {"fp16": True}),
     ("fp16", "--bf16", {"bf16": True}),

@@ -23,7 +23,7 @@ different outputs when loaded now. The RMSNorm has no parameters (eps 1e-20
 as the paper's, safe in fp32). The coefficients and the mixing are computed in at least fp32 and never below
 the streams' precision (fp32 under fp16/bf16, float64 in float64).
 
-Computation (the same function, restructured for speed as the paper's section 4.3.1 suggests): one projection
+Computation (the same function, restructured for speed; the reordering of the RMSNorm after the matmul is the one the paper describes for its fused kernels): one projection
 of the flattened streams with ``[phi_pre | phi_post | phi_res]``, the RMSNorm's ``1/rms`` applied after it
 (``RMSNorm(x) phi = (x phi) / rms(x)``); the coefficients positions-last (n x n x P), Sinkhorn-Knopp with a
 backward that recomputes its rounds (:func:`sinkhorn_knopp_recomputed`); branch input and carried streams from
@@ -175,7 +175,7 @@ class ManifoldHyperConnection(SublayerResidual):
         P = T B, in the compute dtype (at least fp32, never below the streams' precision).
 
         One projection of the flattened streams with ``[phi_pre | phi_post | phi_res]`` (nC x (2n + n^2)), the
-        RMSNorm applied after it: ``RMSNorm(x) phi = (x phi) / rms(x)`` (the paper's section 4.3.1 reordering),
+        RMSNorm applied after it: ``RMSNorm(x) phi = (x phi) / rms(x)`` (the reordering the paper describes for its fused kernels),
         so the normalised nC-vector is never formed. Streams laid out positions-first (T x B x n x C in memory,
         as :meth:`update` leaves them) are flattened without a copy."""
         n, t, b, c = streams.shape
