@@ -7,7 +7,8 @@ fairseq already has the attribute: a parameter may carry ``optim_overrides``, a 
 parameters, ``fairseq/optim/fp16_optimizer.py``), but every other optimizer builds one parameter group from
 a flat list and ignores it. Loading the plugin wraps ``fairseq.optim.build_optimizer``, which the trainer,
 the fp16, memory-efficient fp16 and AMP wrappers all call: after fairseq built the optimizer, parameters
-with ``optim_overrides`` move out of their group into a group of their own with those settings (the
+with ``optim_overrides`` move out of their group into a group of their own with those settings (also where they
+agree with the group's: the groups depend on the model, not on the options' values) (the
 learning rate and the other settings copied from their group, so that schedulers, which set every group's
 ``lr``, keep treating them alike). A flat fp16 master copy (``--fp16`` without
 ``--fp16-no-flatten-grads``) holds no per-parameter attribute: a scheme that needs overrides refuses that
@@ -35,7 +36,8 @@ def apply_overrides(optimizer) -> int:
         by_override = {}
         for p in group["params"]:
             overrides = getattr(p, "optim_overrides", None)
-            if overrides and any(group.get(k) != v for k, v in overrides.items() if k in group):
+            if overrides:  # a group of its own even where the settings agree (--weight-decay 0): the groups
+                # then depend on the model only, and a run resumed with other settings finds the groups it saved
                 by_override.setdefault(tuple(sorted(overrides.items())), []).append(p)
         if not by_override:
             continue

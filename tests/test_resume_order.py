@@ -119,3 +119,47 @@ def test_optimizer_state_of_another_layout_is_refused_with_the_fix():
     assert shapes[0] != shapes[1]
     with pytest.raises(ValueError, match=r"optimizer state 'exp_avg' of parameter 0 .*--reset-optimizer"):
         fairseq_adam(model).load_state_dict(opt_state)
+
+
+def _hc_adam(model, weight_decay):
+    from fairseq import optim
+
+    cfg = argparse.Namespace(optimizer="adam", lr=[1e-2], adam_betas="(0.9, 0.98)", adam_eps=1e-8,
+                             weight_decay=weight_decay, use_old_adam=False, fp16_adam_stats=False, tpu=False)
+    return optim.build_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
+
+
+@pytest.mark.parametrize("saved_groups", ["today", "one group"])
+def test_hyper_connections_resume_with_another_weight_decay(saved_groups, monkeypatch):
+    """A hyper-connections run saved with --weight-decay 0 resumes with --weight-decay 0.1: its static
+    weights' own group exists whatever the value (torch refused 'a different number of parameter groups'), and
+    a checkpoint of the one group that --weight-decay 0 used to give is split into today's groups, every
+    parameter's moments by name, the static weights without weight decay."""
+    import fairseq_residual.optim_groups as optim_groups
+
+    d = make_dictionary()
+    torch.manual_seed(0)
+    model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", "hyper_connections", dictionary=d)
+    if saved_groups == "one group":
+        with monkeypatch.context() as m:
+            m.setattr(optim_groups, "apply_overrides", lambda optimizer: 0)
+            optimizer = _hc_adam(model, 0.0)
+    else:
+        optimizer = _hc_adam(model, 0.0)
+    train_step(model, optimizer, d, seed=1)
+    state, opt_state = copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+    assert len(opt_state["param_groups"]) == (1 if saved_groups == "one group" else 2)
+    moments = {n: optimizer.optimizer.state[p]["exp_avg"].clone() for n, p in model.named_parameters()}
+
+    torch.manual_seed(5)
+    resumed, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", "hyper_connections", dictionary=d)
+    resumed.load_state_dict(copy.deepcopy(state))
+    opt = _hc_adam(resumed, 0.1)
+    opt.load_state_dict(copy.deepcopy(opt_state))
+    groups = opt.optimizer.param_groups
+    assert len(groups) == 2 and groups[1]["weight_decay"] == 0.0
+    static = {id(p) for n, p in resumed.named_parameters() if n.endswith(("static_alpha", "static_beta"))}
+    assert {id(p) for p in groups[1]["params"]} == static
+    for n, p in resumed.named_parameters():
+        torch.testing.assert_close(opt.optimizer.state[p]["exp_avg"], moments[n], rtol=0, atol=0, msg=n)
+    train_step(resumed, opt, d, seed=2)  # Adam steps with the moved moments
