@@ -25,7 +25,9 @@ VOCAB = 4000
     (1, "FloatingPointError: Minimum loss scale reached (0.0001).\n", {}, "diverged", "Minimum loss scale"),
     (1, "Fatal error: gradients norm exceeded threshold\n", {}, "diverged", "exceeded"),
     (0, "", {"valid_nll_loss": math.nan}, "diverged", "nan"),
-    (0, "", {"valid_nll_loss": 12.5}, "diverged", "loss exploded"),
+    (0, "", {"valid_nll_loss": 12.5, "first_train_loss": 9.0, "last_train_loss": 13.0}, "diverged",
+     "loss exploded"),
+    (0, "", {"valid_nll_loss": 12.5, "first_train_loss": 13.5, "last_train_loss": 12.9}, "ok", ""),
     (1, "RuntimeError: out of memory\n", {}, "failed", "out of memory"),
     (0, "", {"valid_nll_loss": None}, "failed", "no validation"),
 ])
@@ -96,3 +98,31 @@ def test_report_shows_diverged_and_failed_cells(tmp_path):
     assert [c["status"] for c in saved["cells"]] == [r["status"] for r in results]
     with open(tmp_path / "quality_vs_depth.png", "rb") as f:
         assert f.read(4) == b"\x89PNG"
+
+
+def test_a_few_updates_above_the_uniform_guess_are_untrained_not_exploded(tmp_path, monkeypatch):
+    """A cell of 4 updates whose --log-interval exceeds them logs no train_inner line: its updates come from
+    the epoch and validation records, and its valid nll above the uniform guess with a falling training loss
+    is an untrained model, not a diverged one."""
+    log = ('2026 | INFO | train_inner | {"epoch": 1, "num_updates": "2", "loss": "9.4"}\n'
+           '2026 | INFO | train_inner | {"epoch": 1, "num_updates": "3", "loss": "9.1"}\n'
+           '2026 | INFO | valid | {"epoch": 1, "valid_loss": "9.0", "valid_nll_loss": "8.85", "num_updates": "4"}\n'
+           '2026 | INFO | train | {"epoch": 1, "loss": "9.2", "num_updates": "4"}\n')
+
+    def logged(text):  # fairseq-train as the cell runs it: its log appended to the segment's file
+        def run(cmd, path, threads, append=False):
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(text)
+            return 0, 1.0
+        return run
+
+    monkeypatch.setattr(cell, "train_command", lambda args, s, data_bin, run_dir: ["fairseq-train"])
+    epoch_only = "".join(line + "\n" for line in log.splitlines() if "train_inner" not in line)
+    for name, text in (("inner", log), ("epoch_only", epoch_only)):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        monkeypatch.setattr(cell, "run_logged", logged(text))
+        state = cell.train_segment(argparse.Namespace(threads=1), {"updates": 4}, {"bin": "bin", "vocab": 300},
+                                   str(run_dir), None, "cell")
+        assert state["stats"]["updates_done"] == 4, name
+        assert state["status"] == "ok", (name, state["reason"])

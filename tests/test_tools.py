@@ -42,12 +42,18 @@ def test_the_last_line_showing_divergence_is_quoted():
     assert divergence.log_sign("all fine\n") is None
 
 
-@pytest.mark.parametrize("nll, vocab, diverged", [
-    (6.5, 4000, False), (12.5, 4000, True), (math.nan, 4000, True), (math.inf, None, True),
-    (12.5, None, False), (None, 4000, False),
+RISING, FALLING = (9.0, 12.0), (9.5, 9.1)
+
+
+@pytest.mark.parametrize("nll, vocab, train, diverged", [
+    (6.5, 4000, RISING, False), (12.5, 4000, RISING, True), (12.5, 4000, (9.0, 9.0), True),
+    (math.nan, 4000, None, True), (math.inf, None, None, True), (12.5, None, RISING, False),
+    (None, 4000, RISING, False),
+    # above the uniform guess but falling: a model a few updates old, untrained rather than diverged
+    (8.85, 300, FALLING, False), (8.85, 300, None, False),
 ])
-def test_one_divergence_rule_for_the_valid_loss(nll, vocab, diverged):
-    assert (divergence.loss_sign(nll, vocab) is not None) == diverged
+def test_one_divergence_rule_for_the_valid_loss(nll, vocab, train, diverged):
+    assert (divergence.loss_sign(nll, vocab, train) is not None) == diverged
 
 
 def test_train_log_parser_reads_fairseq_train_and_hydra_logs(tmp_path):

@@ -197,7 +197,8 @@ def parse_log(path):
 
 def classify(rc, log_text, stats, vocab):
     """``(status, reason)``: ok / diverged / failed, by the project's rule (:mod:`.divergence`)."""
-    return divergence.classify(rc, log_text, stats.get("valid_nll_loss"), vocab)
+    return divergence.classify(rc, log_text, stats.get("valid_nll_loss"), vocab,
+                               (stats.get("first_train_loss"), stats.get("last_train_loss")))
 
 
 def train_segment(args, s, data, run_dir, state, name):
@@ -223,7 +224,9 @@ def train_segment(args, s, data, run_dir, state, name):
         "valid_loss": number(valid.get("valid_loss")),
         "valid_nll_loss": number(valid.get("valid_nll_loss")),
         "valid_ppl": number(valid.get("valid_ppl")),
-        "updates_done": int(number(inner[-1].get("num_updates")) or 0) if inner else prev.get("updates_done", 0),
+        # the last update any record names (a --log-interval above the updates logs no train_inner)
+        "updates_done": max([int(number(r.get("num_updates")) or 0) for kind in ("train_inner", "train", "valid")
+                             for r in parsed[kind]] or [prev.get("updates_done", 0)]),
         "first_train_loss": prev.get("first_train_loss") if start else (number(inner[0].get("loss")) if inner else None),
         "last_train_loss": number(inner[-1].get("loss")) if inner else None,
         "last_gnorm": number(inner[-1].get("gnorm")) if inner else None,

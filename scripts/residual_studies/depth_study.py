@@ -14,7 +14,8 @@ corpus for the same number of updates with the same recipe, then records
 
 A run that breaks is reported, not dropped: ``diverged`` when fairseq stops on NaN/Inf gradients
 (``FloatingPointError``), a loss-scale or other "exceeded" fatal error, or ends with a NaN valid loss
-or a valid nll loss above the uniform guess log2(|V|) (the loss exploded); ``failed`` for any other
+or a valid nll loss above the uniform guess log2(|V|) while the training loss did not fall (the loss
+exploded); ``failed`` for any other
 error (its message is kept).
 
 Output (default ``runs/depth_study/``)::
@@ -130,7 +131,8 @@ def write_report(args, data, results, wall_s):
         f"A cell is **diverged** (the project's one rule, scripts/residual_studies/divergence.py) when "
         f"training stopped on a NaN/inf loss, NaN/Inf gradients, the fp16 minimum loss scale or a fatal "
         f"'exceeded' error, or ended with a NaN valid loss or a valid nll above log2(|V|) = "
-        f"{math.log2(data['vocab']):.2f} bits (worse than a uniform guess); **failed** for other errors.\n\n"
+        f"{math.log2(data['vocab']):.2f} bits (worse than a uniform guess) while the training loss did not "
+        f"fall; **failed** for other errors.\n\n"
         f"## BLEU / valid nll loss by depth\n\n{pivot}\n"
         f"## All numbers\n\n{detail}\n"
         f"Plot: `quality_vs_depth.png`\n")

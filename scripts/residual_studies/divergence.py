@@ -6,7 +6,9 @@ A run **diverged** when
    (fairseq's ``FloatingPointError``), fp16's "Minimum loss scale reached", a fatal gradient norm or
    limit "exceeded", or "NaN detected" (:func:`log_sign`); or
 2. its validation loss is not a finite number, or its valid nll loss is above ``log2(|V|)`` bits, the
-   loss of a uniform guess over the vocabulary, when the caller knows the vocabulary (:func:`loss_sign`).
+   loss of a uniform guess over the vocabulary, while its training loss did not fall, when the caller knows
+   the vocabulary and the first and last training losses (:func:`loss_sign`): a model a few updates old
+   starts above the uniform guess (its random logits are worse than uniform) and is merely untrained.
 
 The reason names the sign and quotes the **last** log line showing it (the exception's message rather
 than the source line that raised it). Both the depth study (one training process it ran, with its exit
@@ -56,18 +58,20 @@ def log_sign(lines):
     return found
 
 
-def loss_sign(nll, vocab=None):
+def loss_sign(nll, vocab=None, train_losses=None):
     """Why the valid nll loss ``nll`` (bits per token) shows divergence, or None; ``vocab``: the
-    dictionary size (no uniform-guess check without it)."""
+    dictionary size; ``train_losses``: the run's first and last logged training loss (no uniform-guess
+    check without both, nor while the training loss is falling)."""
     if nll is None:
         return None
     if not math.isfinite(nll):
         return f"valid nll loss is {nll}"
-    if vocab:
+    first, last = train_losses or (None, None)
+    if vocab and first is not None and last is not None:
         uniform = math.log2(vocab)
-        if nll > uniform:
+        if nll > uniform and not last < first:
             return (f"loss exploded: valid nll loss {nll:.2f} bits > uniform guess "
-                    f"log2({vocab}) = {uniform:.2f} bits")
+                    f"log2({vocab}) = {uniform:.2f} bits, training loss {first:.2f} -> {last:.2f}")
     return None
 
 
@@ -106,9 +110,10 @@ def run_dir_divergence(run_dir):
     return None
 
 
-def classify(rc, log_text, nll, vocab=None):
+def classify(rc, log_text, nll, vocab=None, train_losses=None):
     """``(status, reason)`` of one training process: ``ok``, ``diverged`` or ``failed``, from its exit
-    status ``rc``, its output ``log_text`` and its last valid nll loss ``nll`` (None: no validation)."""
+    status ``rc``, its output ``log_text``, its last valid nll loss ``nll`` (None: no validation) and its
+    first and last training loss (:func:`loss_sign`)."""
     if rc != 0:
         sign = log_sign(log_text)
         if sign:
@@ -117,7 +122,7 @@ def classify(rc, log_text, nll, vocab=None):
         return "failed", f"fairseq-train exit status {rc}: {last[0][-300:]}"
     if nll is None:
         return "failed", "no validation result in the log"
-    reason = loss_sign(nll, vocab)
+    reason = loss_sign(nll, vocab, train_losses)
     if reason:
         return "diverged", reason
     return "ok", ""
