@@ -134,6 +134,16 @@ def test_report_lists_every_scheme_with_mean_and_sd(tmp_path):
     saved = json.loads((tmp_path / "results.json").read_text())
     assert len(saved["cells"]) == len(cells)
     assert (tmp_path / "claims.png").stat().st_size > 10_000
+    assert "Setup: shipped Ding de->en corpus (13,032 training pairs);" in text
+
+
+def test_report_names_the_corpus_it_was_given(tmp_path, corpus_head):
+    """A study on another corpus (--data) does not call it the shipped Ding corpus."""
+    other = corpus_head(40, 8, 8)
+    args = claims.build_parser().parse_args(["--out", str(tmp_path), "--data", str(other)])
+    args.argv, args.out = ["--data", str(other)], str(tmp_path)
+    text = claims_report.write_report(args, synthetic_grid(), wall_s=60)
+    assert f"Setup: corpus {other} (40 training pairs);" in text and "Ding" not in text.split("## Cells")[0]
 
 
 def test_ablation_rows_get_their_own_claims_label_and_cells():

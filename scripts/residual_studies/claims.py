@@ -290,7 +290,7 @@ def build_parser():
     p = argparse.ArgumentParser(
         prog="claims_study.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="The ResiDual paper's warm-up and depth claims tested in training: schemes x conditions x "
-                    "seeds on the shipped Ding de->en corpus, mean and standard deviation per cell, one verdict "
+                    "seeds on a corpus (default the shipped Ding de->en), mean and standard deviation per cell, one verdict "
                     "per claim. Finished cells are skipped when run again; a larger --updates continues every "
                     "cell from its last checkpoint, and the report gives the claims and the valid nll at every "
                     "budget reached, with a plateau column. --lr-grid adds the per-row learning-rate protocol "

@@ -7,6 +7,7 @@ from fairseq_residual import paper_results
 
 from .cell import shortfall
 from .claims import ABLATIONS, CONDITIONS, cell_metrics, claims, row_color, row_label
+from .data import corpus_label
 from .files import write_json
 from .report import ORDER, _pyplot, fmt, markdown_table
 from .runner import loadavg
@@ -207,7 +208,7 @@ def write_report(args, results, wall_s, by_budget=None, protocol=None):
         f"Date: {time.strftime('%Y-%m-%d %H:%M')}; {len(results)} cells; wall {wall_s / 60:.1f} min this "
         f"invocation; training CPU time {sum(cpu) / 60:.1f} min in all; load average at the end {loadavg()}.",
         "",
-        f"Setup: shipped Ding de->en corpus; residual_transformer width {s0['width']}, FFN {s0['ffn_dim']}, "
+        f"Setup: {corpus_label(args.data)}; residual_transformer width {s0['width']}, FFN {s0['ffn_dim']}, "
         f"{s0['heads']} heads, dropout {s0['dropout']}; Adam (0.9, 0.98), lr {s0['lr']} inverse_sqrt "
         f"(warm-up {args.warmup} updates, or none), max_tokens {s0['max_tokens']}, {s0['updates']} updates per "
         f"cell{budget_note}, seeds {', '.join(map(str, args.seeds))}, device {args.device}. Valid nll: bits per target "

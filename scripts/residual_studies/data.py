@@ -203,6 +203,22 @@ def bleu_subset(paths, counts, sentences):
                 bleu_sentences=n, vocab=vocab)
 
 
+def corpus_label(corpus, short=False):
+    """How reports name the corpus folder ``corpus``: the shipped Ding de->en corpus (:data:`DEFAULT_CORPUS`)
+    by name, any other by its path, each with its training pairs (``short``: without them, for plot titles)."""
+    shipped = os.path.realpath(corpus) == os.path.realpath(DEFAULT_CORPUS)
+    name = "Ding de->en" if shipped else os.path.basename(os.path.normpath(corpus))
+    if short:
+        return name
+    try:
+        with open(os.path.join(corpus, f"train.{SRC}"), encoding="utf-8", errors="replace") as f:
+            pairs = sum(1 for _ in f)
+    except OSError:
+        return f"shipped {name} corpus" if shipped else f"corpus {corpus}"
+    return (f"shipped {name} corpus ({pairs:,} training pairs)" if shipped
+            else f"corpus {corpus} ({pairs:,} training pairs)")
+
+
 def prepare_study(out, corpus, vocab_size, bleu_sentences, log=say):
     """:func:`check_corpus`, :func:`prepare` (whole corpus) and :func:`bleu_subset`: a study's data."""
     digests, counts = check_corpus(corpus)

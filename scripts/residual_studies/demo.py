@@ -44,7 +44,7 @@ from . import PLUGIN_DIR
 from .commands import generate_command
 from .commands import train_command as fairseq_train_command
 from .cell import check_extra_args
-from .data import DEFAULT_CORPUS, MIN_VOCAB, SRC, TGT, check_corpus, decode, prepare, score
+from .data import DEFAULT_CORPUS, MIN_VOCAB, SRC, TGT, check_corpus, corpus_label, decode, prepare, score
 from .files import file_id, read_json, read_lines, write_json
 from .logs import loss_curves as parse_train_log
 from .logs import read_generate
@@ -409,7 +409,7 @@ def main(argv=None):
                        sentence=INTERACTIVE_SENTENCE, translation=translation)
 
     plot_path = os.path.join(args.out, "loss_curves.png")
-    plot(curves, plot_path, f"Ding de->en, {cfg['layers']}+{cfg['layers']} layers, width "
+    plot(curves, plot_path, f"{corpus_label(args.data, short=True)}, {cfg['layers']}+{cfg['layers']} layers, width "
                             f"{cfg['embed_dim']}, {cfg['max_update']} updates ({preset} preset)")
     results["demo_wall_s"] = round(time.time() - t_start, 1)
     hist_path = os.path.join(args.out, "history.json")

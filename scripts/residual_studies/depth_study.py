@@ -45,6 +45,7 @@ import sys
 import time
 
 from . import REPO, cell, grid, options
+from .data import corpus_label
 from .files import read_json, write_json
 from .report import LABELS, fmt, fmtg, plot_against_depth
 from .runner import ToolError, loadavg, logger
@@ -115,7 +116,7 @@ def write_report(args, data, results, wall_s):
         f"invocation {wall_s / 60:.1f} min; the cells' training took {cell_wall / 60:.1f} min wall"
         + (f", {cell_cpu / 60:.1f} CPU-min" if cell_cpu is not None else "")
         + " (translation not included).\n\n"
-        f"Setup: Ding de->en corpus (13k training pairs), joint sentencepiece vocabulary "
+        f"Setup: {corpus_label(args.data)}, joint sentencepiece vocabulary "
         f"{args.vocab_size}; residual_transformer L+L layers, width {any_s['width']}, FFN "
         f"{any_s['ffn_dim']}, {any_s['heads']} heads, dropout {any_s['dropout']}, shared embeddings; Adam "
         f"(0.9, 0.98), lr {any_s['lr']} (inverse_sqrt, {any_s['warmup']} warm-up updates from 1e-7), "
