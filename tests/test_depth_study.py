@@ -13,6 +13,7 @@ import os
 import pytest
 
 from residual_studies import cell, depth_study
+from residual_studies.data import DEFAULT_CORPUS
 
 VOCAB = 4000
 
@@ -82,7 +83,7 @@ def test_report_shows_diverged_and_failed_cells(tmp_path):
         _result("post_ln", 48, "failed", reason="fairseq-train exit status 1: boom"),
         _result("resi_dual", 48, "diverged", 12.5, 0.0, reason="loss exploded: ..."),
     ]
-    args = argparse.Namespace(schemes=["post_ln", "pre_ln", "resi_dual"], jobs=2, threads=1,
+    args = argparse.Namespace(schemes=["post_ln", "pre_ln", "resi_dual"], jobs=2, threads=1, data=DEFAULT_CORPUS,
                               vocab_size=4000, out=str(tmp_path))
     data = dict(bleu_sentences=300, vocab=4003)
     pivot = depth_study.write_report(args, data, results, wall_s=60.0)
