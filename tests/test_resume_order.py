@@ -1,6 +1,7 @@
-"""Resuming optimizer state when the checkpoint's parameter order is not the model's (fairseq loads it by
-position): Admin checkpoints of the layout before the residual protocol listed their omegas under the
-reference code's names and in another order; any later order change would do the same."""
+"""Checkpoints of another parameter layout: resuming their optimizer state when the checkpoint's parameter
+order or groups are not the model's (fairseq loads it by position), and averaging them with newer ones. Admin
+checkpoints of the layout before the residual protocol listed their omegas under the reference code's names and
+in another order; any later order change would do the same."""
 import argparse
 import copy
 
@@ -59,7 +60,8 @@ def old_layout(model_state, optimizer_state, param_names):
     saved = [n for n in order if n in param_names]
     position = {n: i for i, n in enumerate(param_names)}
     old_optimizer = copy.deepcopy(optimizer_state)
-    old_optimizer["state"] = {k: optimizer_state["state"][position[n]] for k, n in enumerate(saved)}
+    old_optimizer["state"] = {k: optimizer_state["state"][position[n]] for k, n in enumerate(saved)
+                              if position[n] in optimizer_state["state"]}
     assert saved != param_names, "the old layout's parameter order differs"
     return old_model, old_optimizer
 
@@ -163,3 +165,36 @@ def test_hyper_connections_resume_with_another_weight_decay(saved_groups, monkey
     for n, p in resumed.named_parameters():
         torch.testing.assert_close(opt.optimizer.state[p]["exp_avg"], moments[n], rtol=0, atol=0, msg=n)
     train_step(resumed, opt, d, seed=2)  # Adam steps with the moved moments
+
+
+def test_checkpoints_across_the_admin_layout_change_average(tmp_path):
+    """scripts/average_checkpoints.py renames an old-layout checkpoint's parameters as loading it would, so that
+    checkpoints of one Admin run saved before and after the residual protocol average, to the same mean."""
+    from residual_studies.checkpoints import average_checkpoints
+
+    d = make_dictionary()
+    states = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model, args, _ = build_model("residual_transformer_tiny", "--residual-scheme", "admin", dictionary=d)
+        states.append((model.state_dict(), args))
+    names = [n for n, p in model.named_parameters()]
+    paths = []
+    for i, (state, args) in enumerate(states):
+        if i == 0:  # the older checkpoint, of the layout before the residual protocol
+            state, _ = old_layout(state, {"state": {}, "param_groups": []}, names)
+        paths.append(tmp_path / f"checkpoint{i + 1}.pt")
+        torch.save({"model": state, "cfg": {"model": args}}, paths[-1])
+    averaged = average_checkpoints([str(p) for p in paths])["model"]
+    for key, value in states[1][0].items():
+        if value.is_floating_point():
+            torch.testing.assert_close(averaged[key], (states[0][0][key] + value) / 2, msg=key)
+
+
+def test_average_checkpoints_refuses_zero_checkpoints(tmp_path, capsys):
+    from residual_studies import checkpoints
+
+    with pytest.raises(SystemExit) as exit_:
+        checkpoints.main(["--inputs", str(tmp_path), "--output", str(tmp_path / "a.pt"), "--num-update-checkpoints", "0"])
+    assert exit_.value.code == 2
+    assert "argument --num-update-checkpoints: must be at least 1, got 0" in capsys.readouterr().err

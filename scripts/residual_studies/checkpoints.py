@@ -13,7 +13,8 @@ Usage::
         --output RUN_DIR/checkpoint_avg10.pt
     python scripts/average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
 
-What is averaged: every floating-point tensor of ``state["model"]`` (accumulated in float64, stored
+Each checkpoint's parameters are first renamed as loading it into the model would (a scheme's names of an
+earlier version of the plugin: :func:`upgrade_model_state`). What is averaged: every floating-point tensor of ``state["model"]`` (accumulated in float64, stored
 back in its own dtype); integer tensors (e.g. the plugin's ``residual_scheme_id`` buffers) must be
 equal in all checkpoints and are kept. Everything else (``cfg``, ``args``, ``extra_state``) comes from
 the newest input, as fairseq keeps one input's metadata; the optimizer state is dropped (the
@@ -27,7 +28,7 @@ import sys
 
 import torch
 
-from . import PLUGIN_DIR
+from . import PLUGIN_DIR, options
 
 DEFAULT_USER_DIR = os.environ.get("FAIRSEQ_RESIDUAL_USER_DIR", PLUGIN_DIR)
 
@@ -81,6 +82,25 @@ def load_checkpoint(path):
         return torch.load(f, map_location="cpu", weights_only=True)
 
 
+def upgrade_model_state(state):
+    """Rename, in place, the parameters of ``state["model"]`` that an earlier version of the plugin saved
+    under other names (Admin's reference-named omegas, DLCL's ``history``), as loading the checkpoint into the
+    model does (each scheme's ``upgrade_state_dict``), so that checkpoints of one run that cross such a change
+    average. A checkpoint without the plugin's configuration (fairseq's stock transformer) is left as it is."""
+    model_cfg = (state.get("cfg") or {}).get("model") if isinstance(state.get("cfg"), dict) else None
+    if model_cfg is None:
+        model_cfg = getattr(state.get("cfg"), "model", None) or state.get("args")
+    if model_cfg is None or getattr(model_cfg, "residual_scheme", None) is None:
+        return state
+    from fairseq_residual.config import as_namespace, residual_options
+    from fairseq_residual.schemes import get_scheme
+
+    options = residual_options(as_namespace(model_cfg))
+    for stack in ("encoder", "decoder"):
+        get_scheme(options.scheme).upgrade_state_dict(state["model"], f"{stack}.", stack, options)
+    return state
+
+
 def average_checkpoints(paths):
     """Average ``state["model"]`` over ``paths``; return the newest checkpoint's state with it.
 
@@ -93,7 +113,7 @@ def average_checkpoints(paths):
     sums = collections.OrderedDict()
     meta = None
     for path in paths:
-        state = load_checkpoint(path)
+        state = upgrade_model_state(load_checkpoint(path))
         model = state["model"]
         if not sums:
             keys = list(model.keys())
@@ -101,7 +121,7 @@ def average_checkpoints(paths):
                 sums[k] = v.to(torch.float64).clone() if v.is_floating_point() else v.clone()
             dtypes = {k: v.dtype for k, v in model.items()}
         else:
-            if list(model.keys()) != keys:
+            if set(model.keys()) != set(keys):
                 missing = sorted(set(keys) ^ set(model.keys()))
                 raise ValueError(
                     f"{path} has different parameters than {paths[0]} (e.g. {missing[:3]}): "
@@ -133,22 +153,21 @@ def main(argv=None):
                         help="checkpoint files, or one run directory with --num-*-checkpoints")
     parser.add_argument("--output", required=True, help="where to write the averaged checkpoint")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--num-epoch-checkpoints", type=int, metavar="N",
+    group.add_argument("--num-epoch-checkpoints", type=options.positive_int, metavar="N",
                        help="average the last N epoch checkpoints (checkpointE.pt) of the directory")
-    group.add_argument("--num-update-checkpoints", type=int, metavar="N",
+    group.add_argument("--num-update-checkpoints", type=options.positive_int, metavar="N",
                        help="average the last N update checkpoints (checkpoint_E_U.pt) of the directory")
-    group.add_argument("--num-checkpoints", type=int, metavar="N",
+    group.add_argument("--num-checkpoints", type=options.positive_int, metavar="N",
                        help="the last N epoch checkpoints if there are N, else update checkpoints")
     parser.add_argument("--user-dir", default=DEFAULT_USER_DIR,
                         help="plugin directory (default: this repository's fairseq_residual/)")
     args = parser.parse_args(argv)
 
-    n = args.num_epoch_checkpoints or args.num_update_checkpoints or args.num_checkpoints
+    n = next((v for v in (args.num_epoch_checkpoints, args.num_update_checkpoints, args.num_checkpoints)
+              if v is not None), None)
     if n is not None:
         if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
             parser.error("--num-*-checkpoints needs exactly one run directory in --inputs")
-        if n < 1:
-            parser.error("the number of checkpoints must be >= 1")
         by = "epoch" if args.num_epoch_checkpoints else "update" if args.num_update_checkpoints else "auto"
         paths = last_n_checkpoints(args.inputs[0], n, by)
     else:
