@@ -22,6 +22,8 @@ for every entry point (fairseq-train, fairseq-hydra-train, scripts, several rank
    that loads into this run's model; an averaged checkpoint in the save dir (``checkpoint_avg10.pt``,
    ``checkpoint.avg10.pt``) or one of another model copied there is never resumed from (it would restart
    the schedule, or continue from weights no optimizer state belongs to), and is named in the log.
+   When a run starts or resumes it also removes what a save killed half-way left behind
+   (:func:`remove_stale_temporaries`: ``checkpoint*.pt.<pid>.copying``, fairseq's ``checkpoint*.pt.tmp``).
 3. :func:`load_checkpoint_to_cpu`: a checkpoint that cannot be read because it was cut short raises
    :class:`TruncatedCheckpointError` naming the file, its size and the complete checkpoints beside it,
    instead of ``EOFError``.
@@ -94,6 +96,43 @@ def atomic_copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
         if os.path.exists(tmp):
             os.remove(tmp)
     return True
+
+
+#: what a save killed half-way leaves in a save dir: :func:`atomic_copy`'s ``<dst>.<pid>.copying`` and fairseq's
+#: ``torch_persistent_save`` temporary ``<checkpoint>.pt.tmp``
+_TEMPORARY = re.compile(r"^checkpoint.*\.pt\.(?:(\d+)\.copying|tmp)$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temporaries(save_dir: str):
+    """Remove the temporary files that saves killed half-way left in the local ``save_dir`` (a model's size
+    each): ``checkpoint*.pt.<pid>.copying`` whose process is gone and ``checkpoint*.pt.tmp``. Called when a run
+    starts or resumes (:func:`load_checkpoint`), before it saves anything. Returns the names removed."""
+    if not save_dir or PathManager.path_requires_pathmanager(save_dir) or not os.path.isdir(save_dir):
+        return []
+    removed = []
+    for name in sorted(os.listdir(save_dir)):
+        m = _TEMPORARY.match(name)
+        if not m or (m.group(1) and _alive(int(m.group(1)))):
+            continue
+        try:
+            os.remove(os.path.join(save_dir, name))
+            removed.append(name)
+        except FileNotFoundError:  # another rank of this run removed it first
+            pass
+    if removed:
+        logger.info(f"removed {len(removed)} temporary file(s) that a killed save left in {save_dir}: "
+                    f"{', '.join(removed)}")
+    return removed
 
 
 class _AtomicCopyPathManager(PathManager):
@@ -256,6 +295,7 @@ def load_checkpoint(cfg, trainer, **passthrough_args):
         TruncatedCheckpointError: ``checkpoint_last.pt`` is truncated and no checkpoint of the save dir
             may be resumed from.
     """
+    remove_stale_temporaries(cfg.save_dir)
     suffix = trainer.checkpoint_suffix or ""
     last = os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt")
     if cfg.restore_file != "checkpoint_last.pt" or PathManager.path_requires_pathmanager(last):

@@ -337,3 +337,22 @@ def test_resume_order_most_updates_then_last_then_directly_saved(tmp_path):
     assert sorted(os.path.basename(c.path) for c in rejected) == ["checkpoint.avg3.pt", "checkpoint_1_9.pt"]
     save("checkpoint_last.pt", 4, age=60)  # checkpoint_last.pt first among equal update counts
     assert os.path.basename(resume_candidates(str(tmp_path))[0][0].path) == "checkpoint_last.pt"
+
+
+def test_a_resumed_run_removes_what_killed_saves_left(tmp_path, monkeypatch):
+    """A kill during a save leaves a model-sized temporary file for good: the atomic copy's
+    ``<dst>.<pid>.copying`` or fairseq's ``<checkpoint>.pt.tmp``; the next start removes those whose writer is
+    gone (a live process's copy and every other file stay)."""
+    import argparse
+
+    from fairseq_residual import checkpoint_safety
+
+    gone = 2 ** 22 + 1  # above Linux's largest pid_max: no such process
+    names = [f"checkpoint_last.pt.{gone}.copying", "checkpoint7.pt.tmp", f"checkpoint_best.pt.{os.getpid()}.copying",
+             "checkpoint_last.pt", "notes.tmp"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    monkeypatch.setattr(checkpoint_safety, "_stock_load_checkpoint", lambda cfg, trainer, **kw: "loaded")
+    cfg = argparse.Namespace(save_dir=str(tmp_path), restore_file="other.pt")
+    assert checkpoint_safety.load_checkpoint(cfg, argparse.Namespace(checkpoint_suffix="")) == "loaded"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
