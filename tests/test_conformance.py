@@ -183,8 +183,25 @@ OPTIONS = [(s.name, o) for s in SCHEMES for o in s.OPTIONS if o.type in (int, fl
 @pytest.mark.parametrize("scheme, option", OPTIONS, ids=[f"{s}-{o.dest}" for s, o in OPTIONS])
 def test_every_numeric_option_is_refused_outside_its_range(scheme, option):
     for value in _out_of_range(option):
-        with pytest.raises(ValueError, match=rf"^{option.flag} \(model.{option.dest}\) must be in "):
+        kind = "an integer in" if option.type is int else "in"
+        with pytest.raises(ValueError, match=rf"^{option.flag} \(model.{option.dest}\) must be {kind} "):
             build_model("residual_transformer_tiny", "--residual-scheme", scheme, f"{option.flag}={value!r}")
+
+
+INT_OPTIONS = [(s.name, o) for s in SCHEMES for o in s.OPTIONS if o.type is int]
+
+
+@pytest.mark.parametrize("scheme, option", INT_OPTIONS, ids=[f"{s}-{o.dest}" for s, o in INT_OPTIONS])
+def test_an_integer_option_given_a_fraction_under_hydra_says_integer(scheme, option):
+    """Hydra hands a number over as typed (+model.hc_streams=2.5), past argparse's int: the refusal says that
+    an integer is wanted, not only the range the fraction lies in."""
+    from fairseq_residual.config import residual_options
+
+    _, args, _ = build_model("residual_transformer_tiny", "--residual-scheme", scheme)
+    setattr(args, option.dest, (option.low if option.low is not None else 1) + 0.5)
+    with pytest.raises(ValueError, match=rf"^{option.flag} \(model.{option.dest}\) must be an integer in .*got "
+                                         rf"{getattr(args, option.dest)}"):
+        residual_options(args)
 
 
 GIVEN = [(s.name, o) for s in SCHEMES for o in s.OPTIONS if o.default is not None or o.type is str]

@@ -125,7 +125,8 @@ class Option:
                 ok = value < self.high if self.high_open else value <= self.high
         if not ok:
             raise OptionError(
-                f"{self.flag} (model.{self.dest}) must be {'in ' if not self.choices else ''}{self.range_text()}"
+                f"{self.flag} (model.{self.dest}) must be "
+                f"{'an integer in ' if self.type is int else '' if self.choices else 'in '}{self.range_text()}"
                 f" for --residual-scheme {scheme}, got {value!r}: {self.help}"
             )
 
