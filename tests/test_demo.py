@@ -96,7 +96,7 @@ def test_results_table_json_plot_examples(demo_run):
     assert "BLEU signature: nrefs:1" in proc.stdout
 
 
-def test_printed_interactive_command_translates(demo_run):
+def test_printed_interactive_command_translates(demo_run, tmp_path):
     out, proc = demo_run
     res = json.loads((out / "results.json").read_text(encoding="utf-8"))
     inter = res["interactive"]
@@ -106,9 +106,9 @@ def test_printed_interactive_command_translates(demo_run):
     for flag in ("--user-dir", "--path", "--bpe sentencepiece", "--sentencepiece-model",
                  "--required-batch-size-multiple 1", "--beam 5"):
         assert flag in cmd
-    # run the printed line as a user would (from the repository root), on another sentence
+    # run the printed line as a user would, from any folder, on another sentence
     line = cmd.replace(demo.INTERACTIVE_SENTENCE, "Das Haus ist groß.")
-    done = subprocess.run(["bash", "-o", "pipefail", "-c", line], cwd=ROOT, env=cli_env(),
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", line], cwd=tmp_path, env=cli_env(),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
@@ -197,3 +197,13 @@ def test_larger_max_update_continues_the_finished_run(demo_run, tmp_path, capsys
     res = json.loads((copy / "results.json").read_text(encoding="utf-8"))
     assert res["schemes"]["resi_dual"]["updates"] == 8
     assert [h["computed"] for h in res["history"]][-1] == ["train resi_dual", "translate resi_dual"]
+
+
+def test_default_outputs_are_outside_the_checkout():
+    """The demo and the studies write their runs outside the checkout by default (a new clone or git clean keeps
+    them): under $FAIRSEQ_RESIDUAL_RUNS, else ~/fairseq-residual-runs."""
+    from residual_studies import RUNS, claims, depth_study
+
+    for out in (demo.DEFAULT_OUT, claims.DEFAULT_OUT, depth_study.DEFAULT_OUT):
+        assert os.path.commonpath([out, RUNS]) == RUNS
+        assert os.path.commonpath([out, str(ROOT)]) != str(ROOT), out

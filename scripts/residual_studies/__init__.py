@@ -53,3 +53,7 @@ def _plugin_dir():
 
 #: the plugin folder every tool passes to fairseq as ``--user-dir`` (see :func:`_plugin_dir`)
 PLUGIN_DIR = _plugin_dir()
+
+#: where the demo and the studies write by default (``--out`` overrides it): ``$FAIRSEQ_RESIDUAL_RUNS``, else
+#: ``~/fairseq-residual-runs``; outside the checkout, so that a new clone or ``git clean`` keeps the runs
+RUNS = os.path.abspath(os.path.expanduser(os.environ.get("FAIRSEQ_RESIDUAL_RUNS") or "~/fairseq-residual-runs"))

@@ -26,12 +26,12 @@ import sys
 
 from fairseq_residual import paper_results
 
-from . import REPO, cell, grid, options
+from . import RUNS, cell, grid, options
 from .files import read_json
 from .report import COLORS, LABELS, ORDER, unused_colors
 from .stats import verdict
 
-DEFAULT_OUT = os.path.join(REPO, "runs", "claims_study")
+DEFAULT_OUT = os.path.join(RUNS, "claims_study")
 #: the claims study's option behind each setting of a cell (:func:`.cell.check_extra_args`)
 STUDY_OPTIONS = dict(scheme="--schemes (or --ablations)", depth="--conditions", width="--width",
                      ffn_dim="--ffn-dim", heads="--heads", seed="--seeds", lr="--lr",

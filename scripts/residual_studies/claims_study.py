@@ -7,7 +7,7 @@ the diagnostics of ``fairseq-residual-analyze`` on each final checkpoint (per-la
 last-layer cosine), and reports mean ± sd per (row, condition) and one verdict per claim
 (:mod:`.claims_report`).
 
-Output (default ``runs/claims_study/``): ``data/``, ``cells/`` (one folder per scheme x condition x seed,
+Output (default ``~/fairseq-residual-runs/claims_study/``, :data:`residual_studies.RUNS`): ``data/``, ``cells/`` (one folder per scheme x condition x seed,
 with the cell's files plus ``analysis/analysis.json`` per budget), and ``results.md``, ``results.json``,
 ``claims.png``. Finished cells are skipped: an interrupted study resumes where it stopped; a larger
 ``--updates`` continues every cell, and the report then lists the claims and the valid nll (with the plateau

@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 
-from . import PLUGIN_DIR
+from . import PLUGIN_DIR, RUNS
 from .commands import generate_command
 from .commands import train_command as fairseq_train_command
 from .cell import check_extra_args
@@ -55,6 +55,9 @@ from .options import at_least, fraction, name_list, nonnegative_int, positive_fl
 from .runner import ToolError, git_commit, loadavg, logger, parallel, rel, require_cuda, tool
 from .runner import run as _run
 from .steps import Step
+
+#: the demo's output folder without --out (with --long: its long/)
+DEFAULT_OUT = os.path.join(RUNS, "demo")
 
 SCHEMES = ("post_ln", "pre_ln", "resi_dual")  # the demo's default; --schemes takes any registered scheme
 N_EXAMPLES = 5
@@ -194,9 +197,12 @@ def generate(args, scheme, data, run_dir, n_test):
 # 5. interactive check, reports, plot
 
 
-def interactive_command(args, data, run_dir, absolute=False):
-    p = (lambda x: os.path.abspath(x)) if absolute else rel
-    return [tool("fairseq-interactive") if absolute else "fairseq-interactive", p(data["bin"]),
+def interactive_command(args, data, run_dir, tool_path=False):
+    """The ``fairseq-interactive`` command that translates with the demo's best model, every path absolute so
+    that it runs from any folder; ``tool_path``: the tool by its full path (as the demo checks it) rather than
+    by name (as printed for a user with the virtual environment on PATH)."""
+    p = os.path.abspath
+    return [tool("fairseq-interactive") if tool_path else "fairseq-interactive", p(data["bin"]),
             "--user-dir", p(args.user_dir), "--path", p(os.path.join(run_dir, "checkpoint_best.pt")),
             "--task", "translation", "--source-lang", SRC, "--target-lang", TGT,
             "--bpe", "sentencepiece", "--sentencepiece-model", p(data["spm_model"]),
@@ -208,13 +214,14 @@ def interactive_command(args, data, run_dir, absolute=False):
 def check_interactive(args, data, run_dir, sentence):
     """Run the printed fairseq-interactive command on ``sentence``; return its H- translation."""
     ckpt = os.path.join(run_dir, "checkpoint_best.pt")
-    settings = dict(checkpoint=file_id(ckpt), sentence=sentence, cmd=interactive_command(args, data, run_dir, True))
+    settings = dict(checkpoint=file_id(ckpt), sentence=sentence,
+                    cmd=interactive_command(args, data, run_dir, tool_path=True))
     step = Step(run_dir, "interactive check", settings, cheap=True, owns=False,
                 files=("interactive_settings.json", "interactive_done.json"))
     if step.check():
         log(f"interactive: reusing checked translation ({rel(step.done_path)})")
         return step.info()["translation"]
-    cmd = interactive_command(args, data, run_dir, absolute=True)
+    cmd = interactive_command(args, data, run_dir, tool_path=True)
     log(f"interactive: checking the fairseq-interactive command on {sentence!r}")
     proc = subprocess.run(cmd, input=sentence + "\n", capture_output=True, text=True, encoding="utf-8")
     hyps = [line.split("\t")[2] for line in proc.stdout.splitlines()
@@ -299,7 +306,8 @@ def build_parser():
                    help=f"comma-separated residual schemes to train (default: {','.join(SCHEMES)})")
     p.add_argument("--data", default=DEFAULT_CORPUS, help="corpus folder with {train,valid,test}.{de,en} "
                    "(default: data/ding-de-en)")
-    p.add_argument("--out", default=None, help="output folder (default: demo_out, demo_out/long with --long)")
+    p.add_argument("--out", default=None, help=f"output folder (default: {DEFAULT_OUT}, its long/ "
+                                               f"with --long; $FAIRSEQ_RESIDUAL_RUNS sets the folder above it)")
     p.add_argument("--subset", type=nonnegative_int, default=0, metavar="N",
                    help="use only the first N sentence pairs of each split (0: all)")
     p.add_argument("--seed", type=nonnegative_int, default=1, help="fairseq-train --seed, the same for every scheme")
@@ -345,7 +353,7 @@ def main(argv=None):
     if args.subset < 0 or 0 < args.subset < N_EXAMPLES:
         raise DemoError(f"--subset must be 0 (all) or at least {N_EXAMPLES}")
     if args.out is None:
-        args.out = os.path.join("demo_out", "long") if args.long else "demo_out"
+        args.out = os.path.join(DEFAULT_OUT, "long") if args.long else DEFAULT_OUT
     args.out = os.path.abspath(args.out)
     args.data = os.path.abspath(args.data)
     args.user_dir = os.path.abspath(args.user_dir)

@@ -18,7 +18,7 @@ or a valid nll loss above the uniform guess log2(|V|) while the training loss di
 exploded); ``failed`` for any other
 error (its message is kept).
 
-Output (default ``runs/depth_study/``)::
+Output (default ``~/fairseq-residual-runs/depth_study/``, :data:`residual_studies.RUNS`)::
 
     data/                       sentencepiece model + binarized corpus (:mod:`.data`, the demo's
                                 preparation) and data/bleu-test-N/ (BLEU subset)
@@ -44,13 +44,13 @@ import shlex
 import sys
 import time
 
-from . import REPO, cell, grid, options
+from . import RUNS, cell, grid, options
 from .data import corpus_label
 from .files import read_json, write_json
 from .report import LABELS, fmt, fmtg, plot_against_depth
 from .runner import ToolError, loadavg, logger
 
-DEFAULT_OUT = os.path.join(REPO, "runs", "depth_study")
+DEFAULT_OUT = os.path.join(RUNS, "depth_study")
 #: the depth study's option behind each setting of a cell (:func:`.cell.check_extra_args`)
 STUDY_OPTIONS = dict(scheme="--schemes", depth="--depths", width="--width", ffn_dim="--ffn-dim", heads="--heads",
                      seed="--seed", lr="--lr", warmup="--warmup", max_tokens="--max-tokens", updates="--updates",
