@@ -335,3 +335,72 @@ def test_a_tiny_real_protocol_run(tmp_path, corpus_head):
     assert sorted(os.listdir(tmp_path / "study" / "cells")) == cells
     (row,) = json.loads((tmp_path / "study" / "ranking.json").read_text())["rows"]
     assert row["row"] == "pre_ln" and row["lr"] == lr and row["seeds"] == 1
+
+
+# --------------------------------------------------------------------------------------------------------------
+# equal compute, the curve's plateau and the paired differences
+
+
+def test_a_cells_cost_counts_the_updates_its_recorded_process_trained(tmp_path):
+    """A segment killed and run again records the CPU time of the process that finished it, which trained from
+    where fairseq resumed (its log's "Loaded checkpoint ... @ 250 updates"), not from the segment's start."""
+    run_dir = tmp_path / "cell"
+    run_dir.mkdir()
+    (run_dir / "train_state.json").write_text(json.dumps({"segments": [
+        {"start": 0, "updates": 1000, "train_cpu_s": 600.0, "log": "train-u1000.log"}]}))
+    (run_dir / "train-u1000.log").write_text(
+        "2026 | INFO | fairseq_cli.train | No existing checkpoint found /x/checkpoint_last.pt\n"
+        '2026 | INFO | train_inner | {"num_updates": "25", "loss": "9.1"}\n'  # the killed process
+        "2026 | INFO | fairseq.trainer | Loaded checkpoint /x/checkpoint_last.pt (epoch 3 @ 250 updates)\n")
+    result = _result("pre_ln", "warm12", 2, 6.0)
+    assert ranking.training_cost(str(run_dir), result) == (600.0, 750)
+    os.remove(run_dir / "train-u1000.log")  # an archive: its cost.json
+    (run_dir / "cost.json").write_text(json.dumps({"train_cpu_s": 600.0, "trained_updates": 750}))
+    assert ranking.training_cost(str(run_dir), result) == (600.0, 750)
+    os.remove(run_dir / "cost.json")  # neither: the result's totals
+    assert ranking.training_cost(str(run_dir), result) == (10.0, 1000)
+
+
+def _cell_files(out, r, curve, cpu_per_update):
+    run_dir = out / "cells" / r["cell"]
+    run_dir.mkdir(parents=True)
+    (run_dir / "curve.json").write_text(json.dumps(curve))
+    (run_dir / "cost.json").write_text(json.dumps({"train_cpu_s": cpu_per_update * r["reached"],
+                                                   "trained_updates": r["reached"]}))
+
+
+def test_equal_compute_reads_each_row_at_pre_lns_cpu_seconds_and_the_curve_gives_the_plateau(tmp_path):
+    """Pre-LN costs 0.5 CPU-s per update, hyper-connections 1.0 and ReZero 0.25: at Pre-LN's CPU-seconds for 3,000
+    updates, hyper-connections are read at 1,500 updates (between two validations, linearly), ReZero at its 3,000
+    (an upper bound: it would have trained 6,000). The plateau rule reads the seed-mean curve from 2,000."""
+    updates = list(range(250, 3001, 250))
+    results = []
+    for row, rate, curve in (("pre_ln", 0.5, lambda u, s: 8 - u / 1000 + 0.01 * s),
+                             ("hyper_connections", 1.0, lambda u, s: 9 - u / 500 + 0.01 * s),
+                             ("rezero", 0.25, lambda u, s: 7.5 - min(u, 2000) / 1000 + 0.01 * s)):
+        for seed in (2, 3, 4):
+            r = _result(row, "warm12", seed, curve(3000, seed), updates=3000)
+            _cell_files(tmp_path, r, [[u, curve(u, seed)] for u in updates], rate)
+            results.append(r)
+    found = ranking.equal_compute(str(tmp_path), results, 3000)
+    assert found["pre_ln"]["updates"] == pytest.approx(3000) and not found["pre_ln"]["bound"]
+    hc = found["hyper_connections"]
+    assert hc["updates"] == pytest.approx(1500) and hc["nll"][0] == pytest.approx(9 - 3 + 0.03)
+    assert hc["nll"][1] == pytest.approx(0.01) and hc["text"] == "6.030 ± 0.010"
+    assert found["rezero"]["bound"] and found["rezero"]["updates"] == 3000
+    assert found["rezero"]["nll"][0] == pytest.approx(5.53)
+    assert found["rezero"]["plateau"] == 3000 and found["pre_ln"]["plateau"] is None  # 1 bit per 1,000: moving
+    text = ranking.write(str(tmp_path), results, "warm12")
+    assert "6.030 ± 0.010 at 1500 updates" in text and "an upper bound" in text
+    assert "stopped at 3000" in text and "no plateau by 3000" in text
+
+
+def test_adjacent_rows_are_compared_on_seed_paired_differences():
+    """Rows 0.2 bits apart with seed noise 0.01 are resolved; 0.005 apart with noise 0.05 are not."""
+    results = [_result("pre_ln", "warm12", s, 6.0 + 0.01 * (s % 2)) for s in (2, 3, 4)]
+    results += [_result("resi_dual", "warm12", s, 5.8 + 0.01 * (s % 3)) for s in (2, 3, 4)]
+    results += [_result("post_ln", "warm12", s, 6.005 + 0.05 * (s - 3)) for s in (2, 3, 4)]
+    rows = ranking.rank(results, "warm12")
+    assert [r["row"] for r in rows] == ["resi_dual", "pre_ln", "post_ln"]
+    assert rows[0]["vs_next"]["resolved"] and rows[0]["vs_next"]["mean"] == pytest.approx(-0.2, abs=0.02)
+    assert not rows[1]["vs_next"]["resolved"] and "vs_next" not in rows[2]

@@ -72,19 +72,20 @@ def claims_by_budget(by_budget, conditions):
 PLATEAU_FROM, PLATEAU_STEP, PLATEAU_BITS = 4000, 1000, 0.03
 
 
-def plateau(mean_by_budget):
+def plateau(mean_by_budget, start=PLATEAU_FROM):
     """Where the grid's plateau rule says a (row, condition) stopped moving.
 
     Args:
         mean_by_budget: ``{updates: seed-mean valid nll in bits per token, or None}``.
+        start: the first budget the rule may name (the ranking reads its curves from 2,000 updates).
 
     Returns:
-        the first budget B >= :data:`PLATEAU_FROM` whose mean is less than :data:`PLATEAU_BITS` below the mean
+        the first budget B >= ``start`` whose mean is less than :data:`PLATEAU_BITS` below the mean
         at B - :data:`PLATEAU_STEP` (both measured), else None.
     """
     for b in sorted(mean_by_budget):
         cur, prev = mean_by_budget[b], mean_by_budget.get(b - PLATEAU_STEP)
-        if b >= PLATEAU_FROM and cur is not None and prev is not None and prev - cur < PLATEAU_BITS:
+        if b >= start and cur is not None and prev is not None and prev - cur < PLATEAU_BITS:
             return b
     return None
 

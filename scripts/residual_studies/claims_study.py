@@ -177,7 +177,7 @@ def _progress(args, tuned, results):
     """The ranking's progress section: cells finished and left, CPU-hours spent, the measured cost per
     update of every row and the projected cost of the final cells (:func:`.ranking.cost_table`)."""
     rows = tuned["rows"]
-    table, cost = ranking.cost_table(tuned["selected"], rows, args.updates, len(args.tune_seeds))
+    table, cost = ranking.cost_table(tuned["selected"], rows, args.updates, len(args.tune_seeds), args.out)
     chosen = sum(lr is not None for lr in tuned["lr_by_row"].values())
     return "\n".join([
         f"Selection cells finished: {len(tuned['selected'])} of {tuned['planned']}; rows with a chosen rate: "

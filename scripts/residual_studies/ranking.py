@@ -8,20 +8,37 @@ checkpoint), the learning rate the row trained at, and the paper's IWSLT14 BLEU 
 condition's depth where the paper has one (``fairseq_residual/paper_results.json``).
 
 Order (:func:`rank`): rows whose seeds diverged or failed in the majority last; the others by mean valid nll,
-lowest first (the metric the cells measure most precisely at this scale), equal means by mean BLEU.
+lowest first (the metric the cells measure most precisely at this scale), equal means by mean BLEU. Each row's
+difference to the next one down is a seed-paired difference with its 95% t-interval: resolved when the interval
+excludes zero.
+
+From the cells' validation curves (every checkpoint) and their measured training cost, as the ranking's plan
+(docs/results/2026-12-04-ranking-plan.md) fixes them: **equal compute** (:func:`equal_compute`), each row's valid
+nll after the training CPU-seconds Pre-LN needed for the final budget, and the **plateau rule** on the seed-mean
+curve (:data:`CURVE_PLATEAU_FROM`).
 """
 import glob
 import math
 import os
+import re
 import shutil
 
 from fairseq_residual import paper_results
 
 from .claims import CONDITIONS, cell_metrics, row_color, row_label
-from .files import write_json
+from .claims_report import plateau
+from .files import read_json, write_json
 from .logs import valid_nll_by_update
 from .report import _pyplot, markdown_table
-from .stats import mean_sd, ms_text
+from .stats import mean_sd, ms_text, verdict
+
+#: the plan's plateau rule on a seed-mean validation curve: the first validation B >= 2,000 updates whose valid
+#: nll is less than 0.03 bits below the one at B - 1,000 (the claims study's rule, read on the curve)
+CURVE_PLATEAU_FROM = 2000
+#: the baseline of the equal-compute column
+BASELINE = "pre_ln"
+#: fairseq's line when it resumes a run from a checkpoint
+LOADED = re.compile(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)")
 
 
 def rank(results, condition, lr_by_row=None):
@@ -57,19 +74,47 @@ def rank(results, condition, lr_by_row=None):
     rows.sort(key=order)
     for i, e in enumerate(rows, 1):
         e["rank"] = i
+    by_seed = {(r["scheme"], r["seed"]): cell_metrics(r)["valid_nll"] for r in results if r["condition"] == condition}
+    for above, below in zip(rows, rows[1:]):  # seed-paired: the same seed numbers of both rows
+        seeds = sorted({s for (row, s) in by_seed if row == above["row"]} & {s for (row, s) in by_seed
+                                                                             if row == below["row"]})
+        diffs = [by_seed[above["row"], s] - by_seed[below["row"], s] for s in seeds
+                 if by_seed[above["row"], s] is not None and by_seed[below["row"], s] is not None]
+        v = verdict(diffs, -1)
+        above["vs_next"] = dict(v, resolved=v["verdict"] != "inconclusive")
     return rows
+
+
+def _vs_next(e):
+    v = e.get("vs_next")
+    if not v or v["mean"] is None:
+        return "-"
+    ci = f" ± {v['ci']:.3f}" if v["ci"] is not None else ""
+    return f"{v['mean']:+.3f}{ci} ({'resolved' if v['resolved'] else 'not resolved'}, n = {v['n']})"
+
+
+def _equal(e):
+    q = e.get("equal_compute")
+    if not q or q["updates"] is None:  # no Pre-LN cell to measure C yet
+        return "-"
+    if q["text"] is None:
+        return f"below the first validation ({q['updates']:.0f} updates)"
+    mark = " (its final budget: cheaper than Pre-LN, an upper bound)" if q["bound"] else ""
+    return f"{q['text']} at {q['updates']:.0f} updates{mark}"
 
 
 def table(rows):
     """The ranked rows as a Markdown table."""
     return markdown_table(
-        ["rank", "scheme", "lr", "seeds", "diverged", "valid nll", "BLEU", "chrF", "grad L1/top enc / dec",
-         "cos top enc / dec", "paper BLEU (IWSLT14)"],
+        ["rank", "scheme", "lr", "seeds", "diverged", "valid nll", "vs next (paired, 95% CI)", "BLEU", "chrF",
+         "grad L1/top enc / dec", "cos top enc / dec", "CPU-s / update", "valid nll at Pre-LN's CPU-s",
+         "plateau (curve)", "paper BLEU (IWSLT14)"],
         [[e["rank"], e["label"], f"{e['lr']:g}", e["seeds"],
           f"{e['diverged']}" + (f" (+{e['failed']} failed)" if e["failed"] else ""),
-          e["text"]["valid_nll"], e["text"]["bleu"], e["text"]["chrf"],
+          e["text"]["valid_nll"], _vs_next(e), e["text"]["bleu"], e["text"]["chrf"],
           f"{e['text']['grad_enc']} / {e['text']['grad_dec']}", f"{e['text']['cos_enc']} / {e['text']['cos_dec']}",
-          "-" if e["paper"] is None else str(e["paper"])] for e in rows])
+          "-" if e.get("cpu_per_update") is None else f"{e['cpu_per_update']:.3f}", _equal(e),
+          e.get("plateau_text", "-"), "-" if e["paper"] is None else str(e["paper"])] for e in rows])
 
 
 def plot(rows, path, title):
@@ -107,7 +152,89 @@ def cpu_hours(cells):
                for r in cells) / 3600
 
 
-def cost_table(selection_cells, rows, final_updates, seeds):
+def training_cost(run_dir, result):
+    """``(training CPU-seconds, updates they trained)`` of the cell in ``run_dir`` (``result``: its result).
+
+    Per segment of its ``train_state.json``: the CPU-seconds of the fairseq process that finished it and the
+    updates that process trained (to the cell's ``reached`` where it stopped early), counted from where its log
+    says fairseq resumed (a study killed in the middle
+    of a segment runs it again; fairseq resumes from the segment's last checkpoint, and the killed process's CPU
+    time is not recorded), else from the segment's start. Where the logs are not kept (an archive), the
+    ``cost.json`` the archive wrote; else the result's own totals."""
+    segments = (read_json(os.path.join(run_dir, "train_state.json")) or {}).get("segments") or []
+    logs = [os.path.join(run_dir, g["log"]) for g in segments if g.get("log")]
+    if segments and len(logs) == len(segments) and all(os.path.exists(p) for p in logs):
+        cpu = trained = 0
+        for g, path in zip(segments, logs):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                loaded = LOADED.findall(f.read())
+            start = max(g["start"], int(loaded[-1])) if loaded else g["start"]
+            end = min(g["updates"], result.get("reached") or g["updates"])  # a run that stopped early: its last
+            cpu, trained = cpu + (g.get("train_cpu_s") or 0), trained + max(end - start, 0)
+        return cpu, trained
+    saved = read_json(os.path.join(run_dir, "cost.json"))
+    if saved:
+        return saved["train_cpu_s"], saved["trained_updates"]
+    return result.get("train_cpu_s") or 0, result.get("reached") or 0
+
+
+def cell_curve(run_dir):
+    """A cell's validation curve ``[[updates, valid nll], ...]``: from its logs (:func:`valid_curve`), or the
+    archived ``curve.json``."""
+    return valid_curve(run_dir) or read_json(os.path.join(run_dir, "curve.json")) or []
+
+
+def _at(curve, updates):
+    """The curve's valid nll at ``updates``, linearly interpolated between validations; None outside."""
+    for (u0, v0), (u1, v1) in zip(curve, curve[1:]):
+        if u0 <= updates <= u1:
+            return v0 + (v1 - v0) * (updates - u0) / (u1 - u0)
+    return curve[-1][1] if curve and curve[-1][0] == updates else None
+
+
+def equal_compute(out, results, budget):
+    """Each row's valid nll after the training CPU-seconds Pre-LN needed for ``budget`` updates (the plan's
+    equal-compute column), and the plateau rule on its seed-mean curve.
+
+    C = Pre-LN's training CPU-seconds per update (summed over its cells, :func:`training_cost`) x ``budget``;
+    a row costing c CPU-s per update is read at C / c updates on each seed's curve, linearly interpolated
+    between validations, nothing extrapolated: a row cheaper than Pre-LN gets its value at ``budget``, an upper
+    bound on its nll at equal compute (``bound``); a point before the first validation is not read.
+
+    Returns:
+        ``{row: {"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound", "plateau", "curve"}}``.
+    """
+    cells = {}
+    for r in results:
+        cells.setdefault(r["scheme"], []).append(r)
+    rate = {}
+    for row, mine in cells.items():
+        costs = [training_cost(os.path.join(out, "cells", r["cell"]), r) for r in mine if r.get("cell")]
+        cpu, trained = sum(c for c, _ in costs), sum(t for _, t in costs)
+        rate[row] = cpu / trained if trained else None
+    total = rate.get(BASELINE) and rate[BASELINE] * budget
+    found = {}
+    for row, mine in cells.items():
+        curves = [cell_curve(os.path.join(out, "cells", r["cell"])) for r in mine if r.get("cell")]
+        curves = [c for c in curves if c]
+        common = sorted(set.intersection(*(set(u for u, _ in c) for c in curves))) if curves else []
+        mean_curve = {u: mean_sd([dict(map(tuple, c))[u] for c in curves])[0] for u in common}
+        stop = plateau(mean_curve, start=CURVE_PLATEAU_FROM)
+        entry = dict(cpu_per_update=rate[row], curve=mean_curve, plateau=stop, updates=None, nll=None,
+                     text=None, bound=False)
+        if total and rate[row]:
+            updates = total / rate[row]
+            entry["bound"] = updates > budget
+            entry["updates"] = min(updates, budget)
+            values = [_at([tuple(p) for p in c], entry["updates"]) for c in curves]
+            if curves and all(v is not None for v in values):
+                entry["nll"] = mean_sd(values)
+                entry["text"] = ms_text(values, 3)
+        found[row] = entry
+    return found
+
+
+def cost_table(selection_cells, rows, final_updates, seeds, out=None):
     """What the ranking costs, from the finished cells: per row its measured training CPU-seconds per update
     (mean over its finished selection cells) and the projected CPU-hours of its final cells.
 
@@ -115,6 +242,8 @@ def cost_table(selection_cells, rows, final_updates, seeds):
         selection_cells: the finished selection cells (claims-study results).
         rows: the rows in report order.
         final_updates, seeds: the final cells' budget and how many seeds each row trains.
+        out: the study folder, whose cells' logs give each cell's cost (:func:`training_cost`); None: the
+            results' own totals.
 
     Returns:
         ``(Markdown table, {"spent_cpu_h", "projected_final_cpu_h", "per_update": {row: CPU-s or None}})``;
@@ -123,7 +252,9 @@ def cost_table(selection_cells, rows, final_updates, seeds):
     lines, per_update = [], {}
     for row in rows:
         mine = [r for r in selection_cells if r["scheme"] == row and r.get("train_cpu_s")]
-        costs = [r["train_cpu_s"] / r["reached"] for r in mine if r.get("reached")]
+        costs = [training_cost(os.path.join(out, "cells", r["cell"]), r) if out and r.get("cell")
+                 else (r["train_cpu_s"], r.get("reached")) for r in mine]
+        costs = [cpu / trained for cpu, trained in costs if trained]
         per_update[row] = sum(costs) / len(costs) if costs else None
         projected = None if per_update[row] is None else per_update[row] * final_updates * seeds / 3600
         lines.append([row_label(row), len(mine), "-" if not costs else f"{per_update[row]:.3f}",
@@ -151,7 +282,8 @@ ARCHIVED = ("settings.json", "train_state.json", "budgets/u*/result.json", "budg
 
 def archive(out, dest):
     """Copy every finished cell's small files from the study folder ``out`` into ``dest/cells`` (the same
-    layout, plus ``curve.json``, its validation curve, :func:`valid_curve`), so that the report can be
+    layout, plus ``curve.json``, its validation curve, :func:`valid_curve`, and ``cost.json``, its training
+    CPU-seconds and the updates they trained, :func:`training_cost`), so that the report can be
     rebuilt, and the study resumed on another machine, from what a repository holds: copy ``dest/cells``
     into a new study folder's ``cells`` and the same command skips every archived cell. Returns the number
     of cells archived."""
@@ -169,6 +301,9 @@ def archive(out, dest):
                 shutil.copyfile(src, dst)
         with open(os.path.join(target, "curve.json"), "w", encoding="utf-8") as f:
             json.dump(valid_curve(run_dir), f)
+        result = read_json(sorted(glob.glob(os.path.join(run_dir, "budgets", "u*", "result.json")))[-1]) or {}
+        cpu, trained = training_cost(run_dir, result)
+        write_json(os.path.join(target, "cost.json"), dict(train_cpu_s=cpu, trained_updates=trained))
         n += 1
     for name in ("ranking.md", "ranking.json", "ranking.png"):
         if os.path.exists(os.path.join(out, name)):
@@ -187,6 +322,13 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         progress: a Markdown section on what has finished and what it costs (:func:`cost_table`), or None.
     """
     rows = rank(results, condition, lr_by_row)
+    budget = max((r.get("reached") or 0 for r in results), default=0)
+    found = equal_compute(out, results, budget) if rows else {}
+    for e in rows:
+        q = found.get(e["row"], {})
+        e["cpu_per_update"], e["equal_compute"], e["plateau"] = q.get("cpu_per_update"), q, q.get("plateau")
+        e["plateau_text"] = ("-" if not q.get("curve") else f"stopped at {q['plateau']}" if q.get("plateau")
+                             else f"no plateau by {max(q['curve'])}")
     depth = CONDITIONS[condition][0]
     title = f"Every row at {condition} ({depth}+{depth} layers), ranked"
     ranked = [table(rows), "", paper_results.describe("iwslt14") or "", "", "![ranking](ranking.png)", ""] if rows \
@@ -194,8 +336,15 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
     text = "\n".join([
         f"# {title}", "",
         "Mean ± sample sd over seeds; rows diverged in most seeds last, the others by valid nll (bits per "
-        "token, lowest first). grad: layer-1 / top-layer gradient norm, cos: cosine of the last two layer "
-        "outputs, encoder / decoder. " + note, "",
+        "token, lowest first). vs next: the seed-paired difference in valid nll to the row below, with its 95% "
+        "t-interval (resolved when it excludes zero). grad: layer-1 / top-layer gradient norm, cos: cosine of "
+        "the last two layer outputs, encoder / decoder. CPU-s / update: training CPU-seconds per update over the "
+        "row's cells (one thread, two runs side by side). Equal compute: the valid nll after the training "
+        "CPU-seconds Pre-LN needed for the final budget, read on each seed's validation curve at that many of "
+        "the row's updates (linear between validations, never extrapolated; a row cheaper than Pre-LN shows its "
+        f"final-budget value, an upper bound). Plateau: the first validation at or after {CURVE_PLATEAU_FROM} "
+        "updates less than 0.03 bits below the one 1,000 updates earlier, on the seed-mean curve; 'no plateau' "
+        "makes the ranking one of training speed to the final budget, not of converged models. " + note, "",
         *(["## Progress", "", progress, ""] if progress else []),
         *ranked,
         *(["## How each row's learning rate was chosen", "", selection, ""] if selection else [])])
