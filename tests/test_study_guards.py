@@ -24,6 +24,7 @@ import pytest
 
 from conftest import write_corpus_head
 from residual_studies import cell, claims, claims_report, demo, depth_study, grid
+from residual_studies.data import DEFAULT_CORPUS
 from residual_studies.runner import ToolError
 
 
@@ -137,9 +138,10 @@ def _no_gpu():
 
 
 @pytest.mark.skipif(not _no_gpu(), reason="this machine has a GPU")
-def test_cuda_without_a_gpu_is_refused(tmp_path):
-    with pytest.raises(ToolError, match=r"--device cuda.*no CUDA GPU"):
-        grid.start(claims_args("--out", tmp_path / "study", "--device", "cuda"), print)
+def test_cuda_without_a_gpu_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):  # at parsing, as every tool's --device (residual_studies.options.device)
+        claims_args("--out", tmp_path / "study", "--device", "cuda")
+    assert "argument --device: cuda: torch sees no such CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "study").exists()
     with pytest.raises(ToolError, match=r"--gpu.*no CUDA GPU"):
         demo.main(["--tiny", "--gpu", "--out", str(tmp_path / "demo")])
@@ -255,7 +257,8 @@ def test_reports_say_which_cells_did_not_reach_the_budget(tmp_path):
     full = claims_report.write_report(args, results[:1], wall_s=1)
     assert "stopped before" not in full
 
-    depth_args = argparse.Namespace(schemes=["post_ln", "pre_ln"], jobs=1, threads=1, vocab_size=200, out=str(tmp_path))
+    depth_args = argparse.Namespace(schemes=["post_ln", "pre_ln"], jobs=1, threads=1, vocab_size=200, out=str(tmp_path),
+                                    data=DEFAULT_CORPUS)
     for r in results:
         r["settings"]["depth"] = 6
     depth_study.write_report(depth_args, dict(bleu_sentences=5, vocab=200), results, wall_s=1)
