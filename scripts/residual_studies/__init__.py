@@ -17,14 +17,14 @@ Library, one concern each:
 * :mod:`.cell` (one study cell: settings, folder, training segments, budgets, translation and scoring),
   :mod:`.grid` (the options of a grid of cells, its start, running it with N jobs);
 * :mod:`.stats` (mean, sd, paired verdicts), :mod:`.claims` (the paper's claims, conditions, ablations, the
-  claims study's options), :mod:`.claims_report`, :mod:`.protocol` (per-scheme learning-rate selection),
+  claims study's options), :mod:`.claims_report`, :mod:`.lr_protocol` (per-scheme learning-rate selection),
   :mod:`.ranking` (many schemes at one condition);
 * :mod:`.speed_harness`, :mod:`.speed_compare`, :mod:`.speed_report` (the speed benchmark's measurement,
   ratios and goals, tables).
 
 Applications, each a thin layer on the library (none imports another): :mod:`.demo`, :mod:`.depth_study`,
 :mod:`.claims_study`, :mod:`.learning_curve`, :mod:`.speed`, :mod:`.results` (benchmark tables),
-:mod:`.bleu` (scoring), :mod:`.checkpoints` (averaging), :mod:`.measure` (training speed of one run);
+:mod:`.bleu` (scoring), :mod:`.checkpoints` (averaging), :mod:`.measure_training` (training speed of one run);
 :mod:`.shell` (the Python the shell scripts call) and :mod:`.ding_corpus` (building the shipped corpus).
 """
 import importlib.util
