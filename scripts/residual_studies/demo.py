@@ -41,7 +41,8 @@ import sys
 import time
 
 from . import PLUGIN_DIR, RUNS
-from .commands import generate_command
+from .commands import GENERATION, generate_command
+from .commands import interactive_command as fairseq_interactive_command
 from .commands import train_command as fairseq_train_command
 from .cell import check_extra_args
 from .data import DEFAULT_CORPUS, MIN_VOCAB, SRC, TGT, check_corpus, corpus_label, decode, prepare, score
@@ -87,7 +88,6 @@ PRESETS = {
         max_update=5, log_interval=1,
     ),
 }
-GEN = dict(beam=5, max_len_a=1.2, max_len_b=10, batch_size=128)
 COMPUTED = []  # steps this invocation computed (not reused), for the run history; emptied by main()
 
 
@@ -170,18 +170,18 @@ def generate(args, scheme, data, run_dir, n_test):
     if not os.path.isfile(ckpt):
         raise DemoError(f"{rel(ckpt)} is missing although training {scheme} finished; restore it, or "
                         f"delete {rel(run_dir)} to train {scheme} again")
-    settings = dict(checkpoint=file_id(ckpt), data=data["fingerprint"], **GEN)
+    settings = dict(checkpoint=file_id(ckpt), data=data["fingerprint"], **GENERATION)
     step = Step(run_dir, f"translation {scheme}", settings, cheap=True, owns=False,
                 files=("gen_settings.json", "gen_done.json"))
     hyp_path = os.path.join(run_dir, "hyp.test.en")
     if step.check() and os.path.exists(hyp_path):
         log(f"translate {scheme}: reusing {rel(hyp_path)}")
         return hyp_path, step.info()
-    log(f"translate {scheme}: fairseq-generate on {n_test} test sentences (beam {GEN['beam']})")
+    log(f"translate {scheme}: fairseq-generate on {n_test} test sentences (beam {GENERATION['beam']})")
     COMPUTED.append(f"translate {scheme}")
     t0 = time.time()
     cmd = generate_command(tool("fairseq-generate"), data["bin"], ckpt, run_dir, args.user_dir, SRC, TGT,
-                           device_args=device_args(args), **GEN)
+                           device_args=device_args(args))
     cpu = run(cmd, log_path=os.path.join(run_dir, "generate.log"), prefix=f"[{scheme}] ")
     hyps = read_generate(os.path.join(run_dir, "generate-test.txt"))["hyps"]
     if sorted(hyps) != list(range(n_test)):
@@ -202,13 +202,9 @@ def interactive_command(args, data, run_dir, tool_path=False):
     that it runs from any folder; ``tool_path``: the tool by its full path (as the demo checks it) rather than
     by name (as printed for a user with the virtual environment on PATH)."""
     p = os.path.abspath
-    return [tool("fairseq-interactive") if tool_path else "fairseq-interactive", p(data["bin"]),
-            "--user-dir", p(args.user_dir), "--path", p(os.path.join(run_dir, "checkpoint_best.pt")),
-            "--task", "translation", "--source-lang", SRC, "--target-lang", TGT,
-            "--bpe", "sentencepiece", "--sentencepiece-model", p(data["spm_model"]),
-            "--beam", str(GEN["beam"]), "--max-len-a", str(GEN["max_len_a"]),
-            "--max-len-b", str(GEN["max_len_b"]), "--required-batch-size-multiple", "1",
-            *device_args(args)]
+    return fairseq_interactive_command(tool("fairseq-interactive") if tool_path else "fairseq-interactive",
+                                       p(data["bin"]), p(os.path.join(run_dir, "checkpoint_best.pt")),
+                                       p(args.user_dir), p(data["spm_model"]), SRC, TGT, device_args(args))
 
 
 def check_interactive(args, data, run_dir, sentence):
@@ -238,7 +234,7 @@ def write_reports(args, cfg, results, examples, interactive, out):
     write_json(os.path.join(out, "results.json"), dict(
         date=datetime.datetime.now().isoformat(timespec="seconds"),
         command=results["command"], preset=results["preset"], commit=git_commit(),
-        settings=cfg, generation=GEN,
+        settings=cfg, generation=GENERATION,
         seed=args.seed, subset=args.subset, load_average_end=loadavg(), cpu_count=os.cpu_count(),
         demo_wall_s=results["demo_wall_s"], history=results["history"], schemes=results["schemes"],
         examples=examples,
@@ -276,7 +272,7 @@ def write_reports(args, cfg, results, examples, interactive, out):
             f"sentencepiece vocabulary {c['vocab_size']}. Training: Adam, lr {c['lr']} (inverse_sqrt, "
             f"{c['warmup_updates']} warm-up updates), max_tokens {c['max_tokens']}, {c['max_update']} "
             f"updates, label smoothing {c['label_smoothing']}, seed {args.seed}, CPU. Translation: "
-            f"checkpoint_best.pt, beam {GEN['beam']}, detokenized with sentencepiece, scored against the "
+            f"checkpoint_best.pt, beam {GENERATION['beam']}, detokenized with sentencepiece, scored against the "
             f"raw references.\n\n{table}\n"
             f"BLEU signature: `{any_r['bleu_signature']}`  \nchrF signature: `{any_r['chrf_signature']}`\n\n"
             f"Loss is fairseq's label-smoothed cross-entropy in bits per target token; train time is "
