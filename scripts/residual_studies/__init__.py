@@ -16,6 +16,7 @@ Library, one concern each:
   corpus: its check, sentencepiece, binarisation, the BLEU subset, scoring);
 * :mod:`.cell` (one study cell: settings, folder, training segments, budgets, translation and scoring),
   :mod:`.grid` (the options of a grid of cells, its start, running it with N jobs);
+* :mod:`.demo_report` (the demo's run history and results files);
 * :mod:`.stats` (mean, sd, paired verdicts), :mod:`.claims` (the paper's claims, conditions, ablations, the
   claims study's options), :mod:`.claims_report`, :mod:`.lr_protocol` (per-scheme learning-rate selection),
   :mod:`.ranking` (many schemes at one condition);
