@@ -91,7 +91,6 @@ PRESETS = {
 }
 
 
-DemoError = ToolError
 log = logger("demo")
 
 
@@ -168,7 +167,7 @@ def train(args, cfg, scheme, data, history):
 def generate(args, scheme, data, run_dir, n_test, history):
     ckpt = os.path.join(run_dir, "checkpoint_best.pt")
     if not os.path.isfile(ckpt):
-        raise DemoError(f"{rel(ckpt)} is missing although training {scheme} finished; restore it, or "
+        raise ToolError(f"{rel(ckpt)} is missing although training {scheme} finished; restore it, or "
                         f"delete {rel(run_dir)} to train {scheme} again")
     settings = dict(checkpoint=file_id(ckpt), data=data["fingerprint"], **GENERATION)
     step = Step(run_dir, f"translation {scheme}", settings, cheap=True, owns=False,
@@ -185,7 +184,7 @@ def generate(args, scheme, data, run_dir, n_test, history):
     cpu = run(cmd, log_path=os.path.join(run_dir, "generate.log"), prefix=f"[{scheme}] ")
     hyps = read_generate(os.path.join(run_dir, "generate-test.txt"))["hyps"]
     if sorted(hyps) != list(range(n_test)):
-        raise DemoError(f"fairseq-generate translated {len(hyps)} of {n_test} test sentences "
+        raise ToolError(f"fairseq-generate translated {len(hyps)} of {n_test} test sentences "
                         f"(see {rel(os.path.join(run_dir, 'generate-test.txt'))})")
     decode(data["spm_model"], [hyps[i] for i in range(n_test)], hyp_path)
     info = dict(seconds=round(time.time() - t0, 1), cpu_s=round(cpu, 1))
@@ -223,7 +222,7 @@ def check_interactive(args, data, run_dir, sentence):
     hyps = [line.split("\t")[2] for line in proc.stdout.splitlines()
             if line.startswith("D-") and line.count("\t") >= 2]
     if proc.returncode != 0 or len(hyps) != 1:
-        raise DemoError("the fairseq-interactive check failed (exit status "
+        raise ToolError("the fairseq-interactive check failed (exit status "
                         f"{proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     step.finish(dict(translation=hyps[0]))
     return hyps[0]
@@ -285,11 +284,11 @@ def main(argv=None):
     try:
         schemes = name_list(SCHEME_NAMES, "scheme")(args.schemes)
     except argparse.ArgumentTypeError as exc:
-        raise DemoError(f"--schemes: {exc}") from None
+        raise ToolError(f"--schemes: {exc}") from None
     if args.gpu:
         require_cuda("--gpu")
     if args.subset < 0 or 0 < args.subset < N_EXAMPLES:
-        raise DemoError(f"--subset must be 0 (all) or at least {N_EXAMPLES}")
+        raise ToolError(f"--subset must be 0 (all) or at least {N_EXAMPLES}")
     if args.out is None:
         args.out = os.path.join(DEFAULT_OUT, "long") if args.long else DEFAULT_OUT
     args.out = os.path.abspath(args.out)
@@ -388,7 +387,7 @@ def cli():
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         sys.exit(main())
-    except DemoError as exc:
+    except ToolError as exc:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:
