@@ -3,7 +3,7 @@
 Load it with ``--user-dir fairseq_residual`` (fairseq-train, -generate, -interactive, -validate) or
 ``common.user_dir=...`` (fairseq-hydra-train); it registers the model ``residual_transformer`` and its
 ``--arch`` presets. One module per concern: ``schemes`` (one module per residual scheme behind one
-registry), ``residual`` (the residual protocol), ``config`` (options), ``layers`` (the protocol's encoder and
+registry; ``schemes/admin_profile`` is Admin's profile file and its command line), ``residual`` (the residual protocol), ``config`` (options), ``layers`` (the protocol's encoder and
 decoder layers), ``encoder_decoder`` (stacks), ``model`` (registration and presets), ``checkpoint_compat`` (loading
 fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving and resuming), ``tasks`` (the
 ``translation_with_grad_norms`` task), ``lr_scheduler`` (``inverse_sqrt_nowarmup``, T-Fixup's schedule),

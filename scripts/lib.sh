@@ -40,9 +40,9 @@ prepare_tools() {
         || die "'fairseq-preprocess' not on PATH (activate the environment where fairseq is installed)"
     prep check-deps "$@"
 }
-# prep STEP ARGS...: one corpus preparation step (scripts/residual_studies/corpus.py, run as a file:
-# standard library only, no plugin import, a fraction of a second per step)
-prep() { "$PYTHON" "$SCRIPT_DIR/residual_studies/corpus.py" "$@"; }
+# prep STEP ARGS...: one corpus preparation step (scripts/prepare_corpus.py: standard library only, no plugin
+# import, a fraction of a second per step)
+prep() { "$PYTHON" "$SCRIPT_DIR/prepare_corpus.py" "$@"; }
 
 # need_fairseq_train HINT: stop unless fairseq-train is on PATH (HINT: how to get it there)
 need_fairseq_train() {

@@ -16,6 +16,7 @@ from conftest import USER_DIR, build_model, make_dictionary, random_batch, run_c
 from inprocess import fairseq_main
 from references import ref_attention, ref_ffn, ref_ln
 from fairseq_residual.schemes import admin as admin_scheme
+from fairseq_residual.schemes import admin_profile
 
 TOL = 1e-5
 EPS = 1e-5
@@ -128,7 +129,7 @@ def test_profile_file_roundtrip_and_errors(tmp_path):
     src, lengths, prev, _ = random_batch(d, bsz=5)
     log_probs(model, src, lengths, prev)
     path = tmp_path / "profile.ratio.init"
-    admin_scheme.write_profile(path, model.encoder.residual.profile.tolist(), model.decoder.residual.profile.tolist())
+    admin_profile.write_profile(path, model.encoder.residual.profile.tolist(), model.decoder.residual.profile.tolist())
     lines = path.read_text().splitlines()
     assert [int(line.split()[0]) for line in lines] == [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]
 
@@ -348,7 +349,7 @@ def test_malformed_profile_line_is_named_with_its_fix(bad, tmp_path):
     path = tmp_path / "profile.ratio.init"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError) as err:
-        admin_scheme.read_profile(str(path), 2, 2)
+        admin_profile.read_profile(str(path), 2, 2)
     msg = str(err.value)
     assert f"--admin-profile {path} line 3: expected 'k r'" in msg and repr(bad) in msg, msg
     assert "drop --admin-profile" in msg and "python -m fairseq_residual.schemes.admin CHECKPOINT OUT" in msg
@@ -360,7 +361,7 @@ def test_binary_or_empty_profile_file_is_named_with_its_fix(tmp_path):
     binary = tmp_path / "profile.bin"
     binary.write_bytes(b"1 1.0\n2 1.1\n\x80\x02\xff\xfe garbage\n")
     with pytest.raises(ValueError) as err:
-        admin_scheme.read_profile(str(binary), 2, 2)
+        admin_profile.read_profile(str(binary), 2, 2)
     msg = str(err.value)
     assert f"--admin-profile {binary} line 3 is not text" in msg and "drop --admin-profile" in msg, msg
     # a checkpoint passed by mistake: says so, and how to export its profile
@@ -368,17 +369,17 @@ def test_binary_or_empty_profile_file_is_named_with_its_fix(tmp_path):
     with zipfile.ZipFile(ckpt, "w") as z:
         z.writestr("archive/data.pkl", b"\x80\x02\xff" * 100)
     with pytest.raises(ValueError) as err:
-        admin_scheme.read_profile(str(ckpt), 2, 2)
+        admin_profile.read_profile(str(ckpt), 2, 2)
     msg = str(err.value)
     assert f"--admin-profile {ckpt} is a checkpoint" in msg, msg
     assert f"python -m fairseq_residual.schemes.admin {ckpt} profile.ratio.init" in msg
     empty = tmp_path / "empty.init"
     empty.write_text("\n")
     with pytest.raises(ValueError, match=rf"--admin-profile {re.escape(str(empty))} is empty"):
-        admin_scheme.read_profile(str(empty), 2, 2)
+        admin_profile.read_profile(str(empty), 2, 2)
     good = tmp_path / "good.init"
     good.write_text("\n".join(_profile_lines()) + "\n")
-    enc, dec = admin_scheme.read_profile(str(good), 2, 2)
+    enc, dec = admin_profile.read_profile(str(good), 2, 2)
     assert enc == [1.1, 1.2, 1.3, 1.4] and dec == [1.1, 1.2, 1.3, 1.4, 1.5, 1.6]
 
 
@@ -386,7 +387,7 @@ def test_profile_exporter_on_empty_or_truncated_checkpoint_exits_1_naming_it(tmp
     empty = tmp_path / "checkpoint_last.pt"
     empty.write_bytes(b"")
     out = tmp_path / "profile.ratio.init"
-    assert admin_scheme.main([str(empty), str(out)]) == 1  # python -m fairseq_residual.schemes.admin's main
+    assert admin_profile.main([str(empty), str(out)]) == 1  # python -m fairseq_residual.schemes.admin's main
     err = capsys.readouterr().err
     assert err.startswith(f"error: checkpoint {empty} is empty (0 bytes"), err
     assert not out.exists()
@@ -395,13 +396,13 @@ def test_profile_exporter_on_empty_or_truncated_checkpoint_exits_1_naming_it(tmp
     torch.save({"model": {f"w{i}": torch.randn(64, 64) for i in range(4)}}, full)
     cut = tmp_path / "checkpoint_1_4.pt"
     cut.write_bytes(full.read_bytes()[:5000])
-    assert admin_scheme.main([str(cut), str(out)]) == 1
+    assert admin_profile.main([str(cut), str(out)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: checkpoint {cut} is truncated (5000 bytes"), err
     assert "export the profile from a complete checkpoint" in err and "beside it, newest first: checkpoint_1_2.pt)" in err
     notckpt = tmp_path / "notes.txt"
     notckpt.write_text("not a checkpoint\n")
-    assert admin_scheme.main([str(notckpt), str(out)]) == 1
+    assert admin_profile.main([str(notckpt), str(out)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {notckpt} cannot be read as a fairseq checkpoint (UnpicklingError: ") and "admin" in err, err
     assert "weights_only" not in err  # torch's advice to load unsafely is not passed on

@@ -167,17 +167,17 @@ def test_corrupt_data_files_name_the_file(tmp_path):
     raw = (data / "train.en").read_bytes().split(b"\n")
     raw[2] = raw[2] + b" \xff\xfe"
     (data / "train.en").write_bytes(b"\n".join(raw))
-    with pytest.raises(demo.DemoError, match=r"not valid UTF-8: .*train\.en \(line 3"):
+    with pytest.raises(ToolError, match=r"not valid UTF-8: .*train\.en \(line 3"):
         demo.check_corpus(str(data))
     shutil.copy(os.path.join(DATA, "train.en"), data / "train.en")
     (data / "test.de").write_bytes(b"")
-    with pytest.raises(demo.DemoError, match=r"empty data file: .*test\.de"):
+    with pytest.raises(ToolError, match=r"empty data file: .*test\.de"):
         demo.check_corpus(str(data))
     shutil.copy(os.path.join(DATA, "test.de"), data / "test.de")
     text = (data / "test.de").read_text(encoding="utf-8").split("\n")
     text[9] = "   "
     (data / "test.de").write_text("\n".join(text), encoding="utf-8")
-    with pytest.raises(demo.DemoError, match=r"empty line 10 in data file: .*test\.de"):
+    with pytest.raises(ToolError, match=r"empty line 10 in data file: .*test\.de"):
         demo.check_corpus(str(data))
     shutil.copy(os.path.join(DATA, "test.de"), data / "test.de")
     digests, counts = demo.check_corpus(str(data))

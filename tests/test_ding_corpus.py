@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from residual_studies import ding_corpus as bdc
-from residual_studies.corpus import SPLITS
+from residual_studies.data import SPLITS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.path.join(ROOT, "data", "ding-de-en")

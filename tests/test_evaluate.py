@@ -23,6 +23,7 @@ from bench_helpers import (
 )
 from conftest import cli_env
 from residual_studies import bleu as score_bleu
+from residual_studies import bleu_metrics
 from residual_studies import checkpoints as average_checkpoints
 from residual_studies import results as collect_results
 
@@ -260,9 +261,9 @@ def test_score_bleu_matches_sacrebleu(tmp_path):
     wmt = score_bleu.main(["--benchmark", "wmt14", "--generate", str(gen), "--target-lang", "en",
                            "--raw-ref", str(raw), "--out", str(tmp_path / "w.json")])
     # fairseq's compound_split_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'
-    assert score_bleu.compound_split("state-of-the-art x-y-z") == \
+    assert bleu_metrics.compound_split("state-of-the-art x-y-z") == \
         "state ##AT##-##AT## of ##AT##-##AT## the ##AT##-##AT## art x ##AT##-##AT## y-z"
-    split = [score_bleu.compound_split(x) for x in HYPS + REFS]
+    split = [bleu_metrics.compound_split(x) for x in HYPS + REFS]
     direct = sacrebleu_direct(split[:5], split[5:], tokenize="none")
     assert wmt["metrics"]["tokenized_bleu_compound_split"]["score"] == pytest.approx(direct.score, abs=1e-9)
     detok = [md.detokenize(h.split()) for h in HYPS]
@@ -279,12 +280,12 @@ def test_compound_split_equals_fairseqs_perl_one_liner():
     """fairseq's compound_split_bleu.sh runs ``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'``."""
     perl = subprocess.run(["perl", "-ple", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"],
                           input="\n".join(HYPS + REFS) + "\n", capture_output=True, text=True).stdout
-    assert perl.splitlines() == [score_bleu.compound_split(x) for x in HYPS + REFS]
+    assert perl.splitlines() == [bleu_metrics.compound_split(x) for x in HYPS + REFS]
 
 
 def test_score_bleu_refuses_dropped_sentences(tmp_path):
     gen = write_generate(tmp_path / "gen.txt", HYPS, REFS, skip={4})
-    with pytest.raises(score_bleu.GenerateOutputError, match="--required-batch-size-multiple 1"):
+    with pytest.raises(bleu_metrics.GenerateOutputError, match="--required-batch-size-multiple 1"):
         score_bleu.main(["--benchmark", "iwslt14", "--generate", str(gen), "--expect", "5",
                          "--out", str(tmp_path / "x.json")])
     # OPUS-100: sentences skipped as too long count as empty hypotheses
@@ -329,7 +330,7 @@ def newstest_files(tmp_path, years=NEWSTEST, skip_ref=()):
 
 def test_newstest_average_is_the_mean_of_sacrebleu(tmp_path):
     gens, refs = newstest_files(tmp_path)
-    metrics, per_year = score_bleu.newstest_average(gens, "de", ref_dir=str(refs))
+    metrics, per_year = bleu_metrics.newstest_average(gens, "de", ref_dir=str(refs))
     md = MosesDetokenizer(lang="de")
     direct = {}
     for year, (hyps, raw) in NEWSTEST.items():
@@ -372,8 +373,8 @@ def test_newstest_average_is_the_mean_of_sacrebleu(tmp_path):
 
 def test_newstest_average_refuses_missing_years(tmp_path, monkeypatch):
     gens, refs = newstest_files(tmp_path, skip_ref=(2012, 2016))
-    with pytest.raises(score_bleu.MissingReferenceError) as err:
-        score_bleu.newstest_average(gens, "de", ref_dir=str(refs))
+    with pytest.raises(bleu_metrics.MissingReferenceError) as err:
+        bleu_metrics.newstest_average(gens, "de", ref_dir=str(refs))
     msg = str(err.value)
     for year, testset in ((2012, "wmt12"), (2016, "wmt16")):
         assert f"newstest{year}: reference {refs / f'newstest{year}.de'} not found" in msg
@@ -382,8 +383,8 @@ def test_newstest_average_refuses_missing_years(tmp_path, monkeypatch):
     # a year without generate output
     gens, refs = newstest_files(tmp_path)
     del gens[2013]
-    with pytest.raises(score_bleu.GenerateOutputError, match="no generate output for newstest2013"):
-        score_bleu.newstest_average(gens, "de", ref_dir=str(refs))
+    with pytest.raises(bleu_metrics.GenerateOutputError, match="no generate output for newstest2013"):
+        bleu_metrics.newstest_average(gens, "de", ref_dir=str(refs))
     (tmp_path / "b").mkdir()
     gens, refs = newstest_files(tmp_path / "b", skip_ref=(2015,))
     # no reference folder: sacreBLEU's own test sets (wmt14/full for 2014); offline, a clear error
@@ -396,8 +397,8 @@ def test_newstest_average_refuses_missing_years(tmp_path, monkeypatch):
         raise OSError("<urlopen error [Errno -3] Temporary failure in name resolution>")
 
     monkeypatch.setattr(Dataset, "get_reference_files", offline)  # no network in tests
-    with pytest.raises(score_bleu.MissingReferenceError) as err:
-        score_bleu.newstest_average(gens, "de", ref_dir=None)
+    with pytest.raises(bleu_metrics.MissingReferenceError) as err:
+        bleu_metrics.newstest_average(gens, "de", ref_dir=None)
     assert asked == [(f"wmt{y % 100}" if y != 2014 else "wmt14/full", "en-de") for y in range(2010, 2017)]
     assert "newstest2016: no reference folder given and sacreBLEU could not get its test set wmt16" in str(err.value)
     assert "sacrebleu -t wmt16 -l en-de --echo ref > newstest2016.de" in str(err.value)

@@ -13,7 +13,7 @@ import shlex
 
 import pytest
 
-from residual_studies import cell, claims, claims_report, claims_study, grid, protocol, ranking
+from residual_studies import cell, claims, claims_report, claims_study, grid, lr_protocol, ranking
 
 
 def _result(scheme, condition, seed, nll, status="ok", lr=2e-3, bleu=1.0, updates=1000):
@@ -39,7 +39,7 @@ def _result(scheme, condition, seed, nll, status="ok", lr=2e-3, bleu=1.0, update
     ({1e-3: ("diverged", None), 2e-3: ("failed", None)}, None),             # nothing trained: no choice
 ])
 def test_choose_takes_the_lowest_valid_nll_of_a_run_that_trained(nll_by_lr, chosen):
-    lr, why = protocol.choose(nll_by_lr)
+    lr, why = lr_protocol.choose(nll_by_lr)
     assert lr == chosen
     assert ("no learning rate" in why) == (chosen is None)
 
@@ -56,12 +56,12 @@ def test_selection_on_a_synthetic_grid_chooses_per_row_and_depth():
         cells[row, "warm6", lr] = _result(row, "warm6", 1, v, "ok" if v else "diverged", lr)
         deep = None if v is None else (v + 0.5 if (row, lr) == ("pre_ln", 4e-3) else v)
         cells[row, "warm12", lr] = _result(row, "warm12", 1, deep, "ok" if v else "diverged", lr)
-    table, choices = protocol.selection_table(["post_ln", "pre_ln", "resi_dual"], ["warm6", "nowarm6", "warm12"],
+    table, choices = lr_protocol.selection_table(["post_ln", "pre_ln", "resi_dual"], ["warm6", "nowarm6", "warm12"],
                                               grid_lrs, cells)
     assert {k: v[0] for k, v in choices.items()} == {
         ("post_ln", "warm6"): 5e-4, ("pre_ln", "warm6"): 4e-3, ("resi_dual", "warm6"): 1e-3,
         ("post_ln", "warm12"): 5e-4, ("pre_ln", "warm12"): 2e-3, ("resi_dual", "warm12"): 1e-3}
-    assert protocol.selection_conditions(["nowarm6", "warm12", "warm6"]) == ["warm6", "warm12"]
+    assert lr_protocol.selection_conditions(["nowarm6", "warm12", "warm6"]) == ["warm6", "warm12"]
     assert "| Post-LN | warm6 | **6.000** | 6.200 | 6.900 | diverged | 0.0005 |" in table
 
 

@@ -97,7 +97,7 @@ def _profile_file(scheme, tmp_path):
     one, written from one fp32 update; other schemes get no flag."""
     if scheme != "admin":
         return []
-    from fairseq_residual.schemes.admin import write_profile
+    from fairseq_residual.schemes.admin_profile import write_profile
 
     tr, d = trainer(scheme)
     tr.train_step(samples(d, 1))

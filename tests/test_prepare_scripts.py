@@ -29,7 +29,7 @@ from conftest import cli_env
 @pytest.fixture(scope="session")
 def repo_root():
     root = Path(__file__).resolve().parents[1]
-    assert (root / "scripts" / "residual_studies" / "corpus.py").is_file()
+    assert (root / "scripts" / "prepare_corpus.py").is_file()
     return root
 
 
@@ -623,14 +623,14 @@ def test_opus100_pair_selection_and_errors(tmp_path, run_script):
 
 
 # ---------------------------------------------------------------------------------------------
-# residual_studies.corpus: the shared steps on their own
+# scripts/prepare_corpus.py: the shared steps on their own
 
 
 @pytest.fixture(scope="session")
 def prep_utils(repo_root):
-    from residual_studies import corpus
+    import prepare_corpus
 
-    return corpus
+    return prepare_corpus
 
 
 def test_clean_pair_follows_moses(prep_utils):

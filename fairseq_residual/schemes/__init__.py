@@ -7,6 +7,8 @@ arXiv 2304.14802, tables 1-2) in their order, then the schemes published after i
 an instance of a :class:`~fairseq_residual.schemes.base.ResidualScheme` subclass with a new
 ``scheme_id`` and the module's name as its ``name``, and add the module's name to ``registry_order.py``.
 The README's scheme tables are generated from the registry by :mod:`.docs` (``python -m fairseq_residual.schemes``).
+Beside the schemes: :mod:`.base` (the scheme interface), :mod:`.registry_order`, :mod:`.docs`, and
+:mod:`.admin_profile` (Admin's profile file and ``python -m fairseq_residual.schemes.admin``).
 """
 from importlib import import_module
 

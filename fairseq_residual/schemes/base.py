@@ -131,6 +131,18 @@ class Option:
             )
 
 
+@dataclass(frozen=True)
+class SpeedGoal:
+    """A scheme's speed goal in the speed benchmark (``scripts/speed_benchmark.py``, ``docs/speed.md``): the
+    smallest ratio to the stock fairseq model it builds on (:attr:`ResidualScheme.builds_on`) for training and
+    generation throughput, the largest for peak training memory. The default holds a scheme that adds
+    computation to fairseq's layers within 3% of stock."""
+
+    train: float = 0.97
+    memory: float = 1.05
+    generate: float = 0.97
+
+
 class ResidualScheme:
     """One residual/normalisation scheme of ``residual_transformer``.
 
@@ -166,6 +178,8 @@ class ResidualScheme:
         has_layer_norm: False for schemes without any LayerNorm (``--layernorm-embedding`` is refused).
         layerdrop: True when ``--{encoder,decoder}-layerdrop`` is allowed; else :attr:`no_layerdrop_reason`.
         OPTIONS: the scheme's own options (:class:`Option`).
+        speed_goal: its goal in the speed benchmark (:class:`SpeedGoal`), or None for a scheme that is slower
+            and larger than stock by construction (its ratios are measured and reported, not judged).
     """
 
     name: str = ""
@@ -189,6 +203,7 @@ class ResidualScheme:
     layerdrop: bool = True
     no_layerdrop_reason: str = ""
     OPTIONS: Tuple[Option, ...] = ()
+    speed_goal: Optional[SpeedGoal] = SpeedGoal()
 
     # ------------------------------------------------------------------ options
     def add_args(self, parser: argparse.ArgumentParser) -> None:

@@ -203,6 +203,7 @@ class HyperConnections(ResidualScheme):
     label = "Hyper-connections"
     scheme_id = 13
     color = "navy"
+    speed_goal = None  # n streams per position: slower and larger than stock by construction (docs/speed.md)
     update = ("n streams; h_in = sum_i A_m[i] h_i; o = drop(F(LN(h_in))); h'_j = sum_i A_r[i,j] h_i + B[j] o; "
               "A_m, A_r, B static + dynamic")
     output = "LN_final(sum_i h_i)"

@@ -230,6 +230,7 @@ class MHC(ResidualScheme):
     label = "mHC"
     scheme_id = 14
     color = "slateblue"
+    speed_goal = None  # n streams per position: slower and larger than stock by construction (docs/speed.md)
     update = ("n streams; h_in = sum_i H_pre[i] h_i; o = drop(F(LN(h_in))); h'_j = sum_i H_res[j,i] h_i + H_post[j] o; "
               "H_pre = sigmoid(.), H_post = 2 sigmoid(.), H_res Sinkhorn-Knopp (20 rounds, doubly stochastic), all "
               "from RMSNorm(vec(H)), in fp32")

@@ -7,25 +7,30 @@ that reads ``configs/``, ``data/``, ``runs/`` or git finds them beside this fold
 Library, one concern each:
 
 * :mod:`.files` (JSON and text files written atomically, fingerprints), :mod:`.runner` (running and
-  supervising fairseq commands, side by side; the user-facing error), :mod:`.steps` (resumable steps);
+  supervising fairseq commands, side by side; the user-facing error), :mod:`.steps` (resumable steps),
+  :mod:`.options` (the argparse types of the numeric and list options);
 * :mod:`.logs` (the one parser of fairseq train logs, the one reader of fairseq-generate output),
   :mod:`.divergence` (the one rule that says a run diverged), :mod:`.commands` (the one builder of
-  fairseq-train and fairseq-generate commands, the benchmark configs' values, the benchmark run names),
+  fairseq-train, -generate and -interactive commands and home of their translation settings, the benchmark
+  configs' values, the benchmark run names),
   :mod:`.report` (scheme labels, colours and order, tables, plots);
-* :mod:`.corpus` (the benchmark preparation steps, standard library only), :mod:`.data` (the study
-  corpus: its check, sentencepiece, binarisation, the BLEU subset, scoring);
+* :mod:`.data` (the study corpus: its splits, its check, sentencepiece, binarisation, the BLEU subset,
+  scoring), :mod:`.ding_input` (reading the Ding dictionary the shipped corpus is built from),
+  :mod:`.bleu_metrics` (the benchmarks' BLEU metrics and the newstest average);
 * :mod:`.cell` (one study cell: settings, folder, training segments, budgets, translation and scoring),
   :mod:`.grid` (the options of a grid of cells, its start, running it with N jobs);
+* :mod:`.demo_report` (the demo's run history and results files);
 * :mod:`.stats` (mean, sd, paired verdicts), :mod:`.claims` (the paper's claims, conditions, ablations, the
-  claims study's options), :mod:`.claims_report`, :mod:`.protocol` (per-scheme learning-rate selection),
+  claims study's options), :mod:`.claims_report`, :mod:`.lr_protocol` (per-scheme learning-rate selection),
   :mod:`.ranking` (many schemes at one condition);
 * :mod:`.speed_harness`, :mod:`.speed_compare`, :mod:`.speed_report` (the speed benchmark's measurement,
   ratios and goals, tables).
 
 Applications, each a thin layer on the library (none imports another): :mod:`.demo`, :mod:`.depth_study`,
 :mod:`.claims_study`, :mod:`.learning_curve`, :mod:`.speed`, :mod:`.results` (benchmark tables),
-:mod:`.bleu` (scoring), :mod:`.checkpoints` (averaging), :mod:`.measure` (training speed of one run);
+:mod:`.bleu` (scoring), :mod:`.checkpoints` (averaging), :mod:`.measure_training` (training speed of one run);
 :mod:`.shell` (the Python the shell scripts call) and :mod:`.ding_corpus` (building the shipped corpus).
+The benchmarks' corpus preparation steps are not here: ``scripts/prepare_corpus.py`` (standard library only).
 """
 import importlib.util
 import os

@@ -29,8 +29,6 @@ The study's options set the cells' settings; :func:`check_extra_args` refuses ex
 that would set them again (the cell would be filed, hashed and reported as one scheme, depth, seed or recipe
 and trained as another).
 """
-import hashlib
-import json
 import math
 import os
 import shlex
@@ -41,7 +39,7 @@ from . import divergence
 from .commands import generate_command
 from .commands import train_command as fairseq_train_command
 from .data import SRC, TGT, decode, score
-from .files import read_json, write_json
+from .files import fingerprint, read_json, write_json
 from .logs import number, read_generate, read_train_log
 from .runner import ToolError, loadavg, logger, run_logged, tool
 
@@ -139,7 +137,7 @@ def folder(out, s):
     """The folder of the cell with settings ``s`` under the study folder ``out``: scheme, depth and width in
     its name, then a hash of every setting except the number of updates."""
     key = {k: v for k, v in s.items() if k != "updates"}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]
+    digest = fingerprint(key, length=8)
     return os.path.join(out, "cells", f"{s['scheme']}-L{s['depth']}-w{s['width']}-{digest}")
 
 

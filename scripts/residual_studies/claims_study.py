@@ -12,14 +12,14 @@ with the cell's files plus ``analysis/analysis.json`` per budget), and ``results
 ``claims.png``. Finished cells are skipped: an interrupted study resumes where it stopped; a larger
 ``--updates`` continues every cell, and the report then lists the claims and the valid nll (with the plateau
 rule, :func:`.claims_report.plateau`) at every budget the grid reached; ``--report-only`` rebuilds the report.
-``--lr-grid`` adds the per-row learning-rate protocol (:mod:`.protocol`: selection, then fresh seeds at each
+``--lr-grid`` adds the per-row learning-rate protocol (:mod:`.lr_protocol`: selection, then fresh seeds at each
 row's chosen rate; the report puts the claims of both protocols side by side); ``--rank CONDITION`` ranks the
 rows at one condition instead (:mod:`.ranking`: ``ranking.md``, ``ranking.json``, ``ranking.png``).
 """
 import os
 import time
 
-from . import cell, grid, protocol, ranking
+from . import cell, grid, lr_protocol, ranking
 from .claims import CONDITIONS, budgets_of_grid, cell_args, grid_rows, read_cell, resolve
 from .claims_report import write_report
 from .files import write_json
@@ -67,24 +67,24 @@ def _by_budget(args, data, cells):
 
 
 def select(args, data, rows):
-    """The learning-rate protocol's selection (:mod:`.protocol`): every row at every rate of ``--lr-grid`` on
+    """The learning-rate protocol's selection (:mod:`.lr_protocol`): every row at every rate of ``--lr-grid`` on
     ``--select-seed`` for ``--select-updates`` at the warm-up condition of each depth. Returns ``(the
     selection table, {(row, selection condition): (lr, reason)}, the finished selection cells)``."""
-    sel = [(r, c, args.select_seed, lr) for c in protocol.selection_conditions(args.conditions)
+    sel = [(r, c, args.select_seed, lr) for c in lr_protocol.selection_conditions(args.conditions)
            for r in rows for lr in args.lr_grid]
     log(f"learning-rate selection: {len(sel)} cells ({', '.join(rows)} x lr {','.join(f'{g:g}' for g in args.lr_grid)}"
-        f" at {','.join(protocol.selection_conditions(args.conditions))}, seed {args.select_seed}, "
+        f" at {','.join(lr_protocol.selection_conditions(args.conditions))}, seed {args.select_seed}, "
         f"{args.select_updates} updates)")
     found = _cells(args, data, sel, updates=args.select_updates)
     by = {(r["scheme"], r["condition"], r["settings"]["lr"]): r for r in found}
-    return (*protocol.selection_table(rows, args.conditions, args.lr_grid, by), found)
+    return (*lr_protocol.selection_table(rows, args.conditions, args.lr_grid, by), found)
 
 
 def tuned_cells(args, rows, choices):
     """The protocol's cells: ``(row, condition, seed, chosen lr)`` for every condition and ``--tune-seeds``,
     for the rows whose selection chose a rate."""
-    return [(r, c, k, choices[r, protocol.SELECTION_CONDITION[c]][0]) for c in args.conditions for r in rows
-            for k in args.tune_seeds if choices[r, protocol.SELECTION_CONDITION[c]][0] is not None]
+    return [(r, c, k, choices[r, lr_protocol.SELECTION_CONDITION[c]][0]) for c in args.conditions for r in rows
+            for k in args.tune_seeds if choices[r, lr_protocol.SELECTION_CONDITION[c]][0] is not None]
 
 
 def study(args):
@@ -98,7 +98,7 @@ def study(args):
             ns, depth = cell_args(args, c, k, r)
             print(f"{r} {c} seed {k}: {cell.folder(args.out, cell.settings(ns, resolve(r)[0], depth, data))}")
         if args.lr_grid:
-            for c in protocol.selection_conditions(args.conditions):
+            for c in lr_protocol.selection_conditions(args.conditions):
                 for r in rows:
                     for lr in args.lr_grid:
                         ns, depth = cell_args(args, c, args.select_seed, r, lr)
@@ -138,10 +138,10 @@ def study_protocols(args, data, rows, cells, t0):
     results, tuned_results = found[:len(fixed)], found[len(fixed):]
     if not (selected if args.rank else results):
         raise ToolError(f"no finished cell with these settings under {args.out}/cells")
-    lr_by_row = {r: choices[r, protocol.SELECTION_CONDITION[c]][0] for r in rows
-                 for c in protocol.selection_conditions(args.conditions)}
+    lr_by_row = {r: choices[r, lr_protocol.SELECTION_CONDITION[c]][0] for r in rows
+                 for c in lr_protocol.selection_conditions(args.conditions)}
     if args.rank:
-        planned = len(rows) * len(protocol.selection_conditions(args.conditions)) * len(args.lr_grid)
+        planned = len(rows) * len(lr_protocol.selection_conditions(args.conditions)) * len(args.lr_grid)
         return _write_ranking(args, tuned_results, dict(table=table, lr_by_row=lr_by_row, selected=selected,
                                                          planned=planned, rows=rows, tuned=len(tuned)), t0)
     section = dict(table=table, choices={f"{r} {c}": v for (r, c), v in choices.items()}, results=tuned_results,

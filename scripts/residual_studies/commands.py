@@ -1,9 +1,11 @@
-"""The one builder of the tools' ``fairseq-train`` and ``fairseq-generate`` commands, the benchmark configs'
-values, and the names of the benchmark runs.
+"""The one builder of the tools' ``fairseq-train``, ``fairseq-generate`` and ``fairseq-interactive`` commands
+(and the home of their translation settings, :data:`GENERATION`), the benchmark configs' values, and the names
+of the benchmark runs.
 
 :func:`train_command` writes the command line of a ``residual_transformer`` translation run from one
 settings mapping (the demo's presets, the study cells), :func:`generate_command` the translation of a test
-split with one of its checkpoints; :func:`config_values` reads a benchmark's tokens per update, default
+split with one of its checkpoints, :func:`interactive_command` the translation of typed sentences;
+:func:`config_values` reads a benchmark's tokens per update, default
 precision and depth from its ``configs/*.yaml``, for ``scripts/train.sh`` (``python -m
 residual_studies.shell train-defaults NAME``); :data:`RUN_NAME` is the run directory of one benchmark run,
 which ``scripts/train.sh`` writes (it reads the pattern from ``train-defaults``) and :func:`parse_run_name`
@@ -70,16 +72,38 @@ def train_command(fairseq_train, data_bin, save_dir, scheme, settings, user_dir,
     return cmd + list(extra)
 
 
+#: the translation settings of the tools' ``fairseq-generate`` and ``fairseq-interactive`` commands (a study
+#: cell's ``beam`` is one of its settings and overrides this one)
+GENERATION = dict(beam=5, max_len_a=1.2, max_len_b=10, batch_size=128)
+
+
+def _search_args(g):
+    return ["--beam", str(g["beam"]), "--max-len-a", str(g["max_len_a"]), "--max-len-b", str(g["max_len_b"])]
+
+
 def generate_command(fairseq_generate, data_bin, checkpoint, results_path, user_dir, src="de", tgt="en",
-                     beam=5, max_len_a=1.2, max_len_b=10, batch_size=128, device_args=("--cpu",)):
+                     device_args=("--cpu",), **generation):
     """``fairseq-generate`` of the ``test`` split of a translation data-bin with ``checkpoint``: beam
-    search, every sentence kept (``--required-batch-size-multiple 1``), output to
-    ``results_path/generate-test.txt``."""
+    search with :data:`GENERATION` (``generation`` overrides its values), every sentence kept
+    (``--required-batch-size-multiple 1``), output to ``results_path/generate-test.txt``."""
+    unknown = set(generation) - set(GENERATION)
+    if unknown:
+        raise TypeError(f"generate_command: unknown generation settings {sorted(unknown)}")
+    g = dict(GENERATION, **generation)
     return [fairseq_generate, data_bin, "--user-dir", user_dir, "--path", checkpoint,
             "--task", "translation", "--source-lang", src, "--target-lang", tgt, "--gen-subset", "test",
-            "--beam", str(beam), "--max-len-a", str(max_len_a), "--max-len-b", str(max_len_b),
-            "--batch-size", str(batch_size), "--required-batch-size-multiple", "1",
+            *_search_args(g), "--batch-size", str(g["batch_size"]), "--required-batch-size-multiple", "1",
             *device_args, "--num-workers", "0", "--results-path", results_path]
+
+
+def interactive_command(fairseq_interactive, data_bin, checkpoint, user_dir, spm_model, src="de", tgt="en",
+                        device_args=("--cpu",)):
+    """``fairseq-interactive`` translating stdin with ``checkpoint``: the pieces of the sentencepiece model
+    ``spm_model``, beam search with :data:`GENERATION` (one sentence at a time: no batch size)."""
+    return [fairseq_interactive, data_bin, "--user-dir", user_dir, "--path", checkpoint,
+            "--task", "translation", "--source-lang", src, "--target-lang", tgt,
+            "--bpe", "sentencepiece", "--sentencepiece-model", spm_model,
+            *_search_args(GENERATION), "--required-batch-size-multiple", "1", *device_args]
 
 
 CONFIG_DIR = os.path.join(REPO, "configs")

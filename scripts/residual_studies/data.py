@@ -21,13 +21,14 @@ import shutil
 import subprocess
 import time
 
-from .corpus import SPLITS
 from .files import fingerprint, read_json, read_lines, write_json, write_lines
 from . import REPO
 from .runner import ToolError, rel, run, say, tool
 from .steps import Step
 
 SRC, TGT = "de", "en"
+#: the splits of every parallel corpus the tools read or write, in this order
+SPLITS = ("train", "valid", "test")
 #: the shipped Ding German-English corpus (data/README.md)
 DEFAULT_CORPUS = os.path.join(REPO, "data", "ding-de-en")
 #: the smallest sentencepiece vocabulary the preparation takes: its unknown piece and a few real ones

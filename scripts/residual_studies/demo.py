@@ -41,18 +41,20 @@ import sys
 import time
 
 from . import PLUGIN_DIR, RUNS
-from .commands import generate_command
+from .commands import GENERATION, generate_command
+from .commands import interactive_command as fairseq_interactive_command
 from .commands import train_command as fairseq_train_command
 from .cell import check_extra_args
 from .data import DEFAULT_CORPUS, MIN_VOCAB, SRC, TGT, check_corpus, corpus_label, decode, prepare, score
 from .files import file_id, read_json, read_lines, write_json
 from .logs import loss_curves as parse_train_log
 from .logs import read_generate
+from .demo_report import RunHistory, write_reports
 from .report import LABELS as SCHEME_LABELS
 from .report import ORDER as SCHEME_NAMES
 from .report import plot_loss_curves as plot
 from .options import at_least, fraction, name_list, nonnegative_int, positive_float, positive_int
-from .runner import ToolError, git_commit, loadavg, logger, parallel, rel, require_cuda, tool
+from .runner import ToolError, loadavg, logger, parallel, rel, require_cuda, tool
 from .runner import run as _run
 from .steps import Step
 
@@ -87,11 +89,8 @@ PRESETS = {
         max_update=5, log_interval=1,
     ),
 }
-GEN = dict(beam=5, max_len_a=1.2, max_len_b=10, batch_size=128)
-COMPUTED = []  # steps this invocation computed (not reused), for the run history; emptied by main()
 
 
-DemoError = ToolError
 log = logger("demo")
 
 
@@ -114,7 +113,7 @@ def train_command(args, cfg, scheme, data_bin, run_dir):
                                  SRC, TGT, device_args=device_args(args), extra=args.extra_train_args)
 
 
-def train(args, cfg, scheme, data):
+def train(args, cfg, scheme, data, history):
     run_dir = os.path.join(args.out, "runs", scheme)
     model_keys = ("layers", "embed_dim", "ffn_dim", "heads", "dropout", "attention_dropout",
                   "activation_dropout", "max_tokens", "lr", "warmup_updates", "weight_decay",
@@ -143,7 +142,7 @@ def train(args, cfg, scheme, data):
             if os.path.exists(path):
                 os.remove(path)
         log(f"train {scheme}: {cfg['max_update']} updates from scratch; load average {loadavg()}")
-    COMPUTED.append(f"train {scheme}")
+    history.add(f"train {scheme}")
     session = dict(start=datetime.datetime.now().isoformat(timespec="seconds"), load_start=loadavg())
     t0, stats = time.time(), {}
     try:
@@ -165,27 +164,27 @@ def train(args, cfg, scheme, data):
 # 4. translation and scoring
 
 
-def generate(args, scheme, data, run_dir, n_test):
+def generate(args, scheme, data, run_dir, n_test, history):
     ckpt = os.path.join(run_dir, "checkpoint_best.pt")
     if not os.path.isfile(ckpt):
-        raise DemoError(f"{rel(ckpt)} is missing although training {scheme} finished; restore it, or "
+        raise ToolError(f"{rel(ckpt)} is missing although training {scheme} finished; restore it, or "
                         f"delete {rel(run_dir)} to train {scheme} again")
-    settings = dict(checkpoint=file_id(ckpt), data=data["fingerprint"], **GEN)
+    settings = dict(checkpoint=file_id(ckpt), data=data["fingerprint"], **GENERATION)
     step = Step(run_dir, f"translation {scheme}", settings, cheap=True, owns=False,
                 files=("gen_settings.json", "gen_done.json"))
     hyp_path = os.path.join(run_dir, "hyp.test.en")
     if step.check() and os.path.exists(hyp_path):
         log(f"translate {scheme}: reusing {rel(hyp_path)}")
         return hyp_path, step.info()
-    log(f"translate {scheme}: fairseq-generate on {n_test} test sentences (beam {GEN['beam']})")
-    COMPUTED.append(f"translate {scheme}")
+    log(f"translate {scheme}: fairseq-generate on {n_test} test sentences (beam {GENERATION['beam']})")
+    history.add(f"translate {scheme}")
     t0 = time.time()
     cmd = generate_command(tool("fairseq-generate"), data["bin"], ckpt, run_dir, args.user_dir, SRC, TGT,
-                           device_args=device_args(args), **GEN)
+                           device_args=device_args(args))
     cpu = run(cmd, log_path=os.path.join(run_dir, "generate.log"), prefix=f"[{scheme}] ")
     hyps = read_generate(os.path.join(run_dir, "generate-test.txt"))["hyps"]
     if sorted(hyps) != list(range(n_test)):
-        raise DemoError(f"fairseq-generate translated {len(hyps)} of {n_test} test sentences "
+        raise ToolError(f"fairseq-generate translated {len(hyps)} of {n_test} test sentences "
                         f"(see {rel(os.path.join(run_dir, 'generate-test.txt'))})")
     decode(data["spm_model"], [hyps[i] for i in range(n_test)], hyp_path)
     info = dict(seconds=round(time.time() - t0, 1), cpu_s=round(cpu, 1))
@@ -202,13 +201,9 @@ def interactive_command(args, data, run_dir, tool_path=False):
     that it runs from any folder; ``tool_path``: the tool by its full path (as the demo checks it) rather than
     by name (as printed for a user with the virtual environment on PATH)."""
     p = os.path.abspath
-    return [tool("fairseq-interactive") if tool_path else "fairseq-interactive", p(data["bin"]),
-            "--user-dir", p(args.user_dir), "--path", p(os.path.join(run_dir, "checkpoint_best.pt")),
-            "--task", "translation", "--source-lang", SRC, "--target-lang", TGT,
-            "--bpe", "sentencepiece", "--sentencepiece-model", p(data["spm_model"]),
-            "--beam", str(GEN["beam"]), "--max-len-a", str(GEN["max_len_a"]),
-            "--max-len-b", str(GEN["max_len_b"]), "--required-batch-size-multiple", "1",
-            *device_args(args)]
+    return fairseq_interactive_command(tool("fairseq-interactive") if tool_path else "fairseq-interactive",
+                                       p(data["bin"]), p(os.path.join(run_dir, "checkpoint_best.pt")),
+                                       p(args.user_dir), p(data["spm_model"]), SRC, TGT, device_args(args))
 
 
 def check_interactive(args, data, run_dir, sentence):
@@ -227,66 +222,10 @@ def check_interactive(args, data, run_dir, sentence):
     hyps = [line.split("\t")[2] for line in proc.stdout.splitlines()
             if line.startswith("D-") and line.count("\t") >= 2]
     if proc.returncode != 0 or len(hyps) != 1:
-        raise DemoError("the fairseq-interactive check failed (exit status "
+        raise ToolError("the fairseq-interactive check failed (exit status "
                         f"{proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     step.finish(dict(translation=hyps[0]))
     return hyps[0]
-
-
-def write_reports(args, cfg, results, examples, interactive, out):
-    """results.json, results.md and examples.md in ``out``; returns the Markdown table text."""
-    write_json(os.path.join(out, "results.json"), dict(
-        date=datetime.datetime.now().isoformat(timespec="seconds"),
-        command=results["command"], preset=results["preset"], commit=git_commit(),
-        settings=cfg, generation=GEN,
-        seed=args.seed, subset=args.subset, load_average_end=loadavg(), cpu_count=os.cpu_count(),
-        demo_wall_s=results["demo_wall_s"], history=results["history"], schemes=results["schemes"],
-        examples=examples,
-        interactive=interactive))
-    head = ("| scheme | BLEU | chrF | best valid loss | parameters | updates "
-            "| train time (wall) | train CPU time | translate time (wall) |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-    rows = []
-    for scheme, r in results["schemes"].items():
-        rows.append(f"| {SCHEME_LABELS[scheme]} | {r['bleu']:.2f} | {r['chrf']:.2f} | "
-                    f"{r['best_valid_loss']:.3f} (@{r['best_valid_update']}) | {r['params']:,} | "
-                    f"{r['updates']} | {r['train_time_s'] / 60:.1f} min | {r['train_cpu_s'] / 60:.1f} min | "
-                    f"{r['translate_time_s']:.0f} s |")
-    table = head + "\n".join(rows) + "\n"
-    any_r = next(iter(results["schemes"].values()))
-    ex_md = []
-    for i, ex in enumerate(examples, 1):
-        ex_md.append(f"{i}. **source:** {ex['source']}  \n   **reference:** {ex['reference']}  \n"
-                     + "  \n".join(f"   **{SCHEME_LABELS[s]}:** {h}" for s, h in ex["hypotheses"].items()))
-    ex_text = "\n".join(ex_md) + "\n"
-    with open(os.path.join(out, "examples.md"), "w", encoding="utf-8") as f:
-        f.write("# Example translations (test split)\n\n" + ex_text)
-    c = cfg
-    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
-        f.write(
-            f"# German->English demo results ({results['preset']} preset)\n\n"
-            f"Command: `{results['command']}`; {os.cpu_count()} CPU cores.  \n"
-            f"Runs of the demo in this folder (what each computed; the rest it reused):\n\n"
-            + "".join(f"- {h['start'].replace('T', ' ')}: `{h['command']}`, {h['wall_s'] / 60:.1f} min, "
-                      f"load average {h['load_start']} at the start, {h['load_end']} at the end; "
-                      f"computed: {', '.join(h['computed']) or 'nothing (all reused)'}\n"
-                      for h in results["history"]) + "\n"
-            f"Model: residual_transformer, {c['layers']}+{c['layers']} layers, {c['embed_dim']} / "
-            f"{c['ffn_dim']} / {c['heads']} heads, dropout {c['dropout']}, shared embeddings, joint "
-            f"sentencepiece vocabulary {c['vocab_size']}. Training: Adam, lr {c['lr']} (inverse_sqrt, "
-            f"{c['warmup_updates']} warm-up updates), max_tokens {c['max_tokens']}, {c['max_update']} "
-            f"updates, label smoothing {c['label_smoothing']}, seed {args.seed}, CPU. Translation: "
-            f"checkpoint_best.pt, beam {GEN['beam']}, detokenized with sentencepiece, scored against the "
-            f"raw references.\n\n{table}\n"
-            f"BLEU signature: `{any_r['bleu_signature']}`  \nchrF signature: `{any_r['chrf_signature']}`\n\n"
-            f"Loss is fairseq's label-smoothed cross-entropy in bits per target token; train time is "
-            f"wall-clock on a shared machine.\n\nLoss curves: `loss_curves.png`\n\n"
-            f"## Example translations\n\n{ex_text}\n"
-            f"## Translate your own sentence\n\n```sh\n{interactive['command']}\n```\n\n"
-            f"Checked on `{interactive['sentence']}`: `{interactive['translation']}`  \nTo type "
-            f"sentences one per line (the `D-` lines hold the translations):\n\n"
-            f"```sh\n{interactive['interactive_command']}\n```\n")
-    return table
 
 
 # ------------------------------------------------------------------------------------------------
@@ -334,9 +273,7 @@ def build_parser():
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    COMPUTED.clear()
-    t_start, load_start = time.time(), loadavg()
-    start = datetime.datetime.now().isoformat(timespec="seconds")
+    history = RunHistory()
     preset = "tiny" if args.tiny else "long" if args.long else "default"
     cfg = dict(PRESETS[preset])
     for key in cfg:
@@ -347,11 +284,11 @@ def main(argv=None):
     try:
         schemes = name_list(SCHEME_NAMES, "scheme")(args.schemes)
     except argparse.ArgumentTypeError as exc:
-        raise DemoError(f"--schemes: {exc}") from None
+        raise ToolError(f"--schemes: {exc}") from None
     if args.gpu:
         require_cuda("--gpu")
     if args.subset < 0 or 0 < args.subset < N_EXAMPLES:
-        raise DemoError(f"--subset must be 0 (all) or at least {N_EXAMPLES}")
+        raise ToolError(f"--subset must be 0 (all) or at least {N_EXAMPLES}")
     if args.out is None:
         args.out = os.path.join(DEFAULT_OUT, "long") if args.long else DEFAULT_OUT
     args.out = os.path.abspath(args.out)
@@ -369,7 +306,7 @@ def main(argv=None):
 
     digests, counts = check_corpus(args.data)
     data = prepare(args.out, args.data, cfg["vocab_size"], digests, counts, subset=args.subset,
-                   overwrite=args.overwrite, log=log, computed=COMPUTED)
+                   overwrite=args.overwrite, log=log, computed=history.computed)
     n_test = min(counts["test"], args.subset) if args.subset else counts["test"]
     ref_path = os.path.join(data["raw"], f"test.{TGT}")
 
@@ -378,8 +315,8 @@ def main(argv=None):
     jobs = args.jobs or len(schemes)
     log(f"training {', '.join(schemes)}: {jobs} at a time, {os.environ.get('OMP_NUM_THREADS')} "
         f"thread(s) each, {cfg['max_update']} updates each")
-    run_dirs = dict(zip(schemes, parallel(lambda s: train(args, cfg, s, data), schemes, jobs)))
-    gens = dict(zip(schemes, parallel(lambda s: generate(args, s, data, run_dirs[s], n_test),
+    run_dirs = dict(zip(schemes, parallel(lambda s: train(args, cfg, s, data, history), schemes, jobs)))
+    gens = dict(zip(schemes, parallel(lambda s: generate(args, s, data, run_dirs[s], n_test, history),
                                       schemes, jobs)))
     for scheme in schemes:
         run_dir = run_dirs[scheme]
@@ -419,12 +356,8 @@ def main(argv=None):
     plot_path = os.path.join(args.out, "loss_curves.png")
     plot(curves, plot_path, f"{corpus_label(args.data, short=True)}, {cfg['layers']}+{cfg['layers']} layers, width "
                             f"{cfg['embed_dim']}, {cfg['max_update']} updates ({preset} preset)")
-    results["demo_wall_s"] = round(time.time() - t_start, 1)
-    hist_path = os.path.join(args.out, "history.json")
-    results["history"] = read_json(hist_path, []) + [dict(
-        start=start, command=command, wall_s=results["demo_wall_s"], load_start=load_start,
-        load_end=loadavg(), computed=list(COMPUTED))]
-    write_json(hist_path, results["history"])
+    results["demo_wall_s"] = round(time.time() - history.t0, 1)
+    results["history"] = history.record(os.path.join(args.out, "history.json"), command, results["demo_wall_s"])
     table = write_reports(args, cfg, results, examples, interactive, args.out)
 
     print()
@@ -454,7 +387,7 @@ def cli():
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         sys.exit(main())
-    except DemoError as exc:
+    except ToolError as exc:
         print(f"ERROR: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:

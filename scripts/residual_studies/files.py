@@ -35,9 +35,10 @@ def read_lines(path):
         return f.read().split("\n")[:-1]
 
 
-def fingerprint(obj):
-    """A short stable hash of a JSON-serialisable object."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+def fingerprint(obj, length=16):
+    """A short stable hash of a JSON-serialisable object: the first ``length`` hex digits of the sha256 of its
+    JSON with sorted keys (the data fingerprints: 16; the study cells' folder names: 8)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:length]
 
 
 def file_id(path):

@@ -318,7 +318,7 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         results: the claims-study cells of ``condition`` (one per row and seed).
         lr_by_row: ``{row: learning rate}`` the rows trained at (None: each cell's own setting).
         note: a sentence on the protocol and the command, after the table's legend.
-        selection: the learning-rate selection's Markdown table (:func:`.protocol.selection_table`), or None.
+        selection: the learning-rate selection's Markdown table (:func:`.lr_protocol.selection_table`), or None.
         progress: a Markdown section on what has finished and what it costs (:func:`cost_table`), or None.
     """
     rows = rank(results, condition, lr_by_row)

@@ -1,8 +1,8 @@
 """Running fairseq commands for the tools: find the console script, run it with its output in a log
 file, supervise it (CPU time, Ctrl-C stops every child), run several side by side.
 
-Errors meant for the user are :class:`ToolError` (the entry points print them as ``ERROR: ...`` and
-exit with status 2).
+Errors meant for the user are :class:`ToolError`, the one root of the tools' user errors (the entry points
+print them as ``ERROR: ...`` and exit with status 2).
 """
 import concurrent.futures
 import datetime
@@ -17,7 +17,12 @@ from . import REPO
 
 
 class ToolError(Exception):
-    """A failure with a message meant for the user (printed as 'ERROR: ...', exit status 2)."""
+    """A failure with a message meant for the user (printed as 'ERROR: ...', exit status 2). The root of every
+    user error of the tools; its subclasses say where it comes from, and their entry points print them as
+    before: ``prepare_corpus.PrepError`` (a corpus preparation step), :class:`.ding_input.CorpusInputError`
+    (the Ding dictionary given to ``scripts/build_ding_corpus.py``: ``error: ...``, status 2) and
+    :class:`.bleu_metrics.GenerateOutputError` (fairseq-generate output that cannot be scored:
+    ``score_bleu.py: error: ...``, status 1)."""
 
 
 _PRINT_LOCK = threading.Lock()

@@ -109,7 +109,7 @@ def print_gpu_summary(out, dtypes):
                     if not g["met"]:
                         misses.append(f"{dtype} {shape} {name} {metric} {g['value']:.3f} "
                                       f"(goal {g['comparison']} {g['target']})")
-                print(f"{dtype:<5} {shape:<7} {name:<10} " + "  ".join(parts))
+                print(f"{dtype:<5} {shape:<7} {name:<10} " + ("  ".join(parts) or "no goal"))
             print(f"{dtype:<5} {shape:<7} A/A noise: train +-{noise['train'] or 0:.3f}  "
                   f"generate +-{noise['generate'] or 0:.3f}")
     print(f"goals: {goals_text()}")

@@ -1,9 +1,8 @@
-"""Corpus preparation steps: the shared steps of scripts/prepare-{iwslt14,wmt14-en-de,opus100}.sh, and the
-names of a parallel corpus' splits (:data:`SPLITS`, for every tool).
+"""Corpus preparation steps: the shared steps of scripts/prepare-{iwslt14,wmt14-en-de,opus100}.sh.
 
-Standard library only, and no import of the plugin: the shell scripts run this file directly
-(``python scripts/residual_studies/corpus.py STEP ...``, a fraction of a second per step, where importing
-the package would load fairseq and torch each time).
+Standard library only (and the study library's error, :class:`residual_studies.runner.ToolError`), no import
+of the plugin: the shell scripts run this file directly (``python scripts/prepare_corpus.py STEP ...``, a
+fraction of a second per step, where importing the plugin would load fairseq and torch each time).
 
 One sub-command per step, so that the three shell scripts only wire steps together:
 
@@ -40,13 +39,14 @@ import time
 import urllib.request
 import zlib
 
+from residual_studies.runner import ToolError
+
 PROG = "corpus"
-#: the splits of every parallel corpus the tools read or write, in this order
-SPLITS = ("train", "valid", "test")
 
 
-class PrepError(Exception):
-    """A failure with a message meant for the user (printed as 'ERROR: ...', exit code 2)."""
+class PrepError(ToolError):
+    """A preparation step that cannot go on, with a message meant for the user (printed as 'ERROR: ...',
+    exit code 2)."""
 
 
 def info(msg):
@@ -566,7 +566,7 @@ def cmd_check_deps(args):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="corpus.py", description=__doc__,
+    p = argparse.ArgumentParser(prog="prepare_corpus.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
 
