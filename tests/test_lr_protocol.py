@@ -393,6 +393,7 @@ def test_equal_compute_reads_each_row_at_pre_lns_cpu_seconds_and_the_curve_gives
     text = ranking.write(str(tmp_path), results, "warm12")
     assert "6.030 ± 0.010 at 1500 updates" in text and "an upper bound" in text
     assert "stopped at 3000" in text and "no plateau by 3000" in text
+    assert (tmp_path / "ranking_curves.png").stat().st_size > 10_000
 
 
 def test_adjacent_rows_are_compared_on_seed_paired_differences():

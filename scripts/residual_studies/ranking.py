@@ -146,6 +146,33 @@ def plot(rows, path, title):
     plt.close(fig)
 
 
+def plot_curves(rows, path, title):
+    """The seed-mean validation curves of the ranked rows against training CPU-seconds (updates x the row's
+    CPU-seconds per update), with Pre-LN's CPU-seconds for the final budget marked: the equal-compute column
+    is where each curve crosses that line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    total = None
+    for e in rows:
+        q = e.get("equal_compute") or {}
+        if not q.get("curve") or not q.get("cpu_per_update"):
+            continue
+        xs = sorted(q["curve"])
+        ax.plot([u * q["cpu_per_update"] for u in xs], [q["curve"][u] for u in xs], "-o", ms=2.5,
+                color=row_color(e["row"]), label=e["label"])
+        if e["row"] == BASELINE:
+            total = max(xs) * q["cpu_per_update"]
+    if total:
+        ax.axvline(total, color="black", ls=":", lw=1, label="Pre-LN's CPU-s for the final budget")
+    ax.set_xlabel("training CPU-seconds (one thread)")
+    ax.set_ylabel("valid nll (bits / token), seed mean")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def cpu_hours(cells):
     """The CPU-hours the finished ``cells`` (claims-study results) spent training and translating."""
     return sum((r.get("train_cpu_s") or 0) + ((r.get("scores") or {}).get("translate_cpu_s") or 0)
@@ -305,14 +332,15 @@ def archive(out, dest):
         cpu, trained = training_cost(run_dir, result)
         write_json(os.path.join(target, "cost.json"), dict(train_cpu_s=cpu, trained_updates=trained))
         n += 1
-    for name in ("ranking.md", "ranking.json", "ranking.png"):
+    for name in ("ranking.md", "ranking.json", "ranking.png", "ranking_curves.png"):
         if os.path.exists(os.path.join(out, name)):
             shutil.copyfile(os.path.join(out, name), os.path.join(dest, name))
     return n
 
 
 def write(out, results, condition, lr_by_row=None, note="", selection=None, progress=None):
-    """``ranking.md``, ``ranking.json`` and ``ranking.png`` in ``out``; returns the Markdown text.
+    """``ranking.md``, ``ranking.json``, ``ranking.png`` and ``ranking_curves.png`` in ``out``; returns the
+    Markdown text.
 
     Args:
         results: the claims-study cells of ``condition`` (one per row and seed).
@@ -331,7 +359,9 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
                              else f"no plateau by {max(q['curve'])}")
     depth = CONDITIONS[condition][0]
     title = f"Every row at {condition} ({depth}+{depth} layers), ranked"
-    ranked = [table(rows), "", paper_results.describe("iwslt14") or "", "", "![ranking](ranking.png)", ""] if rows \
+    ranked = [table(rows), "", paper_results.describe("iwslt14") or "", "", "![ranking](ranking.png)", "",
+              "Validation curves against training CPU-seconds (equal compute: where each crosses the dotted line):",
+              "", "![curves](ranking_curves.png)", ""] if rows \
         else ["No row has a finished final cell yet: the ranking appears when the first do.", ""]
     text = "\n".join([
         f"# {title}", "",
@@ -353,4 +383,5 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
     write_json(os.path.join(out, "ranking.json"), dict(condition=condition, rows=rows, cells=results))
     if rows:
         plot(rows, os.path.join(out, "ranking.png"), title)
+        plot_curves(rows, os.path.join(out, "ranking_curves.png"), f"{title}: valid nll against CPU time")
     return text
