@@ -1,5 +1,5 @@
 """Many schemes at one condition, ranked: the claims study's ``--rank CONDITION`` (``ranking.md``, ``ranking.json``,
-``ranking.png``).
+``ranking.png``, ``ranking_curves.png``).
 
 One line per row (scheme or ablation) of the grid at the condition: mean ± sample sd over seeds of valid nll
 (bits per token), sacreBLEU and chrF, the diverged (or failed) seeds, the layer-1 / top-layer gradient ratio
