@@ -401,3 +401,33 @@ def test_training_parts_the_streams(scheme):
     streams = seen[0]  # n x T x B x C
     spread = float((streams - streams[:1]).abs().max() / streams.abs().max())
     assert spread > 1e-5, f"{scheme}: the streams are still copies of one another after training ({spread:.3g})"
+
+
+def test_stream_ops_backward_is_autograd_of_the_textbook_formula():
+    """The closed-form backward of the normalise-then-project products and of the streams' update
+    (``fairseq_residual/stream_ops.py``) gives autograd's gradient of the textbook formula (normalise, then
+    project; ``c + k o``), in float64 within 1e-12, and passes gradcheck."""
+    import torch.nn.functional as F
+
+    from fairseq_residual.stream_ops import layer_norm_projection, rms_projection, stream_update
+
+    gen = torch.Generator().manual_seed(0)
+    for shift in (0.0, 3.0):  # rows with a mean away from 0 go through the centring's cancellation
+        h = (torch.randn(40, 16, dtype=torch.float64, generator=gen) + shift).requires_grad_()
+        w = torch.randn(16, 6, dtype=torch.float64, generator=gen).requires_grad_()
+        g = torch.randn(40, 6, dtype=torch.float64, generator=gen)
+        for got, want in ((layer_norm_projection(h, w, 1e-5), F.layer_norm(h, (16,)) @ w),
+                          (rms_projection(h, w, 1e-20), (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-20) @ w).t())):
+            assert (got - want).abs().max().item() <= 1e-12
+            grads = torch.autograd.grad(got, (h, w), g if got.shape == g.shape else g.t())
+            wants = torch.autograd.grad(want, (h, w), g if got.shape == g.shape else g.t())
+            assert max((a - b).abs().max().item() for a, b in zip(grads, wants)) <= 1e-12
+        assert torch.autograd.gradcheck(lambda h, w: layer_norm_projection(h, w, 1e-5), (h[:8], w))
+        assert torch.autograd.gradcheck(lambda h, w: rms_projection(h, w, 1e-20), (h[:8], w))
+    carried = torch.randn(5, 2, 3, 8, dtype=torch.float64, generator=gen).requires_grad_()  # T x B x n x C
+    k = torch.randn(3, 5, 2, dtype=torch.float64, generator=gen).requires_grad_()
+    o = torch.randn(5, 2, 8, dtype=torch.float64, generator=gen).requires_grad_()
+    got = stream_update(carried.permute(2, 0, 1, 3), k, o)
+    assert got.permute(1, 2, 0, 3).is_contiguous()  # positions-first
+    assert (got - (carried.permute(2, 0, 1, 3) + k.unsqueeze(-1) * o)).abs().max().item() <= 1e-12
+    assert torch.autograd.gradcheck(lambda c, k, o: stream_update(c.permute(2, 0, 1, 3), k, o), (carried, k, o))
