@@ -135,7 +135,9 @@ class _StreamUpdate(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_coefficient = (grad * out.unsqueeze(-2)).sum(dim=-1)
         if ctx.needs_input_grad[2]:
-            grad_out = torch.matmul(coefficient.unsqueeze(-2), grad).squeeze(-2)
+            # contiguous coefficients (T x B x n, small): a strided one sends the batched product down
+            # a per-position loop
+            grad_out = torch.matmul(coefficient.contiguous().unsqueeze(-2), grad).squeeze(-2)
         return grad, grad_coefficient, grad_out
 
 
@@ -155,3 +157,38 @@ def stream_update(carried: Tensor, coefficient: Tensor, out: Tensor) -> Tensor:
     if torch.jit.is_scripting() or not (carried.requires_grad or coefficient.requires_grad or out.requires_grad):
         return torch.addcmul(carried, coefficient.unsqueeze(-1), out.unsqueeze(-2)).permute(2, 0, 1, 3)
     return _stream_update_function(carried, coefficient, out).permute(2, 0, 1, 3)
+
+
+_COMPILED = {}
+
+
+@torch.jit.unused
+def compiled(fn):
+    """``torch.compile(fn)``, made once per function and shared by every module that calls it (dynamo keys its
+    graphs on the function's code and lifts the calling module's parameters to inputs, so the connections of all
+    sub-layers share the graphs: one for the stack's expanded start, one for the streams after an update, and
+    a dynamic-shape one once a second batch shape is seen)."""
+    c = _COMPILED.get(fn)
+    if c is None:
+        c = _COMPILED[fn] = torch.compile(fn)
+    return c
+
+
+def compile_unavailable() -> str:
+    """Why ``torch.compile`` cannot run here ("" when it can): no ``torch.compile`` (torch < 2.0), a Python that
+    dynamo does not support, or no C++ compiler for inductor's CPU code (``$CXX``, ``g++``, ``c++``, ``clang++``)."""
+    import os
+    import shutil
+
+    if not hasattr(torch, "compile"):
+        return f"torch {torch.__version__} has no torch.compile (it needs torch >= 2.0)"
+    try:
+        from torch._dynamo.eval_frame import is_dynamo_supported
+
+        if not is_dynamo_supported():
+            return "torch.compile (dynamo) does not support this Python or platform"
+    except ImportError:
+        pass
+    if not any(shutil.which(c) for c in (os.environ.get("CXX") or "", "g++", "c++", "clang++") if c):
+        return "torch.compile's inductor needs a C++ compiler and none was found ($CXX, g++, c++, clang++)"
+    return ""

@@ -56,21 +56,32 @@ import torch
 from torch import Tensor, nn
 
 from ..residual import NORM_INPUT, StackResidual, SublayerResidual
-from ..stream_ops import layer_norm_projection, stream_update
+from ..stream_ops import compile_unavailable, compiled, layer_norm_projection, stream_update
 from .base import Option, ResidualScheme
 
 #: fairseq's per-parameter optimizer overrides (``optim_overrides``) of the static connection weights
 NO_WEIGHT_DECAY = {"weight_decay": 0.0}
 #: LN_hc's eps (a LayerNorm without parameters, torch's default)
 LN_HC_EPS = 1e-5
+#: the ``--hc-compile`` / ``--mhc-compile`` help. The compile cost was measured with torch 2.13 (CPU, inductor)
+#: on a 2-core AMD EPYC shared with another job: ``scripts/block_benchmark.py --compile`` (one block, forward and
+#: backward) 68 s for the first block with an empty inductor cache, 20-33 s for each further one; a 3 + 2-layer
+#: model's first training step (both stacks, their two batch shapes) 147 s with an empty cache, 40-45 s with a
+#: warm one (``tests/test_streams.py``)
+COMPILE_HELP = ("torch.compile the connections' prepare/update (coefficients, mixing, update) when training in eager "
+                "mode; TorchScript, evaluation and incremental decoding run the plain code (the same function). "
+                "The first training steps compile: about 1-2.5 minutes on a 2-core CPU with an empty inductor cache, "
+                "less with a warm one; it needs a C++ compiler")
 
 
 @dataclass(frozen=True)
 class HyperConnectionsOptions:
-    """Attributes: streams: n; dynamic: the dynamic connection (paper eq. 10-13) on top of the static one."""
+    """Attributes: streams: n; dynamic: the dynamic connection (paper eq. 10-13) on top of the static one;
+    compile: ``torch.compile`` the connections' ``prepare`` / ``update`` in eager training (:data:`COMPILE_HELP`)."""
 
     streams: int = 4
     dynamic: bool = True
+    compile: bool = False
 
 
 class HyperConnection(SublayerResidual):
@@ -79,15 +90,17 @@ class HyperConnection(SublayerResidual):
 
     Args:
         site: the sub-layer (its index k in the stack sets the one-hot ``A_m``).
-        streams: n. dynamic: add the dynamic connection.
+        streams: n. dynamic: add the dynamic connection. compile: run ``prepare`` / ``update`` through
+            ``torch.compile`` in eager training (:data:`COMPILE_HELP`).
     """
 
     NORM = NORM_INPUT
 
-    def __init__(self, site, streams: int, dynamic: bool):
+    def __init__(self, site, streams: int, dynamic: bool, compile: bool = False):
         super().__init__(site)
         n, c = streams, site.embed_dim
         self.n_streams = n
+        self.compile_training = compile
         self.ln_eps = LN_HC_EPS
         alpha0 = torch.zeros(n, 1)
         alpha0[site.index % n, 0] = 1.0
@@ -129,6 +142,28 @@ class HyperConnection(SublayerResidual):
         return coef[..., : n + 1], coef[..., n + 1]
 
     def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        """:meth:`prepare_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
+        mode."""
+        if self.compile_training and self.training and not torch.jit.is_scripting():
+            return self._compiled_prepare(state)
+        return self.prepare_streams(state)
+
+    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        """:meth:`update_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
+        mode."""
+        if self.compile_training and self.training and not torch.jit.is_scripting():
+            return self._compiled_update(state, out)
+        return self.update_streams(state, out)
+
+    @torch.jit.unused
+    def _compiled_prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        return compiled(type(self).prepare_streams)(self, state)
+
+    @torch.jit.unused
+    def _compiled_update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        return compiled(type(self).update_streams)(self, state, out)
+
+    def prepare_streams(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
         """One mixing product per position, ``[A_m | A_r]^T`` (n + 1 x n) times the streams (n x C): the branch
         input ``sum_i A_m[i] h_i`` (T x B x C, its own storage, so that what the branch keeps for its backward does
         not hold the carried streams) and the carried streams ``sum_i A_r[i, j] h_i`` (n x T x B x C, laid out
@@ -160,7 +195,7 @@ class HyperConnection(SublayerResidual):
                 [carried.to(streams.dtype).reshape(t, b, n, c).permute(2, 0, 1, 3),
                  beta.reshape(t, b, n).permute(2, 0, 1).to(streams.dtype)])
 
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+    def update_streams(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
         """``h'_j = carried_j + B[j] o``, n x T x B x C laid out positions-first (T x B x n x C)."""
         return [stream_update(state[0], state[1], out)]
 
@@ -235,21 +270,35 @@ class HyperConnections(ResidualScheme):
         Option("hc_streams", int, 4, "number n of residual streams", low=1, high=16, metavar="N"),
         Option("hc_dynamic", bool, True, "dynamic connections (paper eq. 10-13) on top of the static ones "
                "(--hc-dynamic, the default) or static hyper-connections only (--hc-static)", negative="--hc-static"),
+        Option("hc_compile", bool, False, COMPILE_HELP, negative="--hc-no-compile"),
     )
 
     def options(self, args):
-        return HyperConnectionsOptions(streams=int(args.hc_streams), dynamic=bool(args.hc_dynamic))
+        return HyperConnectionsOptions(streams=int(args.hc_streams), dynamic=bool(args.hc_dynamic),
+                                       compile=bool(getattr(args, "hc_compile", False)))
 
     def check_args(self, args):
         super().check_args(args)
         refuse_flat_fp16_with_weight_decay(self.name, args)
+        refuse_compile_where_unavailable("--hc-compile", getattr(args, "hc_compile", False))
 
     def sublayer_residual(self, cfg, site):
         opts = cfg.residual_options.params
-        return HyperConnection(site, opts.streams, opts.dynamic)
+        return HyperConnection(site, opts.streams, opts.dynamic, opts.compile)
 
     def stack_residual(self, cfg, stack, num_layers, embed_dim):
         return StreamsStack(stack, num_layers, embed_dim, cfg.residual_options.params.streams)
+
+
+def refuse_compile_where_unavailable(flag: str, wanted: bool) -> None:
+    """Raises:
+        ValueError: ``flag`` (``--hc-compile`` / ``--mhc-compile``) given where ``torch.compile`` cannot run,
+            naming why (:func:`~fairseq_residual.stream_ops.compile_unavailable`) and the fix.
+    """
+    reason = compile_unavailable() if wanted else ""
+    if reason:
+        raise ValueError(f"{flag} cannot be honoured here: {reason}; drop {flag} (the eager code computes the same "
+                         f"function)")
 
 
 def refuse_flat_fp16_with_weight_decay(scheme: str, args) -> None:

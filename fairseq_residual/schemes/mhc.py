@@ -66,9 +66,9 @@ import torch
 from torch import Tensor, nn
 
 from ..residual import NORM_INPUT, SublayerResidual
-from ..stream_ops import rms_projection, stream_update
+from ..stream_ops import compiled, rms_projection, stream_update
 from .base import Option, ResidualScheme
-from .hyper_connections import StreamsStack
+from .hyper_connections import COMPILE_HELP, StreamsStack, refuse_compile_where_unavailable
 
 #: Sinkhorn-Knopp rounds (the paper's t_max)
 SINKHORN_ITERATIONS = 20
@@ -144,24 +144,28 @@ def sinkhorn_knopp_recomputed(logits: Tensor, iterations: int) -> Tensor:
 
 @dataclass(frozen=True)
 class MHCOptions:
-    """Attributes: streams: n."""
+    """Attributes: streams: n; compile: ``torch.compile`` the connections' ``prepare`` / ``update`` in eager
+    training (:data:`~fairseq_residual.schemes.hyper_connections.COMPILE_HELP`)."""
 
     streams: int = 4
+    compile: bool = False
 
 
 class ManifoldHyperConnection(SublayerResidual):
     """One sub-layer's mHC connection over the streams ``[H]`` (n x T x B x C).
 
     Args:
-        site: the sub-layer. streams: n.
+        site: the sub-layer. streams: n. compile: run ``prepare`` / ``update`` through ``torch.compile`` in eager
+            training (:data:`~fairseq_residual.schemes.hyper_connections.COMPILE_HELP`).
     """
 
     NORM = NORM_INPUT
 
-    def __init__(self, site, streams: int):
+    def __init__(self, site, streams: int, compile: bool = False):
         super().__init__(site)
         n, c = streams, site.embed_dim
         self.n_streams = n
+        self.compile_training = compile
         self.rms_eps = RMS_EPS
         self.sinkhorn_iterations = SINKHORN_ITERATIONS
         self.phi_pre = nn.Parameter(torch.zeros(n * c, n))
@@ -206,6 +210,28 @@ class ManifoldHyperConnection(SublayerResidual):
                 res.permute(2, 0, 1).reshape(t, b, n, n))
 
     def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        """:meth:`prepare_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
+        mode."""
+        if self.compile_training and self.training and not torch.jit.is_scripting():
+            return self._compiled_prepare(state)
+        return self.prepare_streams(state)
+
+    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        """:meth:`update_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
+        mode."""
+        if self.compile_training and self.training and not torch.jit.is_scripting():
+            return self._compiled_update(state, out)
+        return self.update_streams(state, out)
+
+    @torch.jit.unused
+    def _compiled_prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        return compiled(type(self).prepare_streams)(self, state)
+
+    @torch.jit.unused
+    def _compiled_update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        return compiled(type(self).update_streams)(self, state, out)
+
+    def prepare_streams(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
         """One mixing product per position, ``[H_pre; H_res] (n + 1 x n)`` times the streams (n x C): the branch
         input ``sum_i H_pre[i] h_i`` (T x B x C, its own storage, so that what the branch keeps for its backward
         does not hold the carried streams) and the carried streams ``sum_i H_res[j, i] h_i`` (n x T x B x C, laid
@@ -234,7 +260,7 @@ class ManifoldHyperConnection(SublayerResidual):
         return (branch.to(streams.dtype).view(t, b, c),
                 [carried.to(streams.dtype).reshape(t, b, n, c).permute(2, 0, 1, 3), post.view(n, t, b).to(streams.dtype)])
 
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+    def update_streams(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
         """``h'_j = carried_j + H_post[j] o`` (eq. 3), n x T x B x C laid out positions-first (T x B x n x C)."""
         return [stream_update(state[0], state[1], out)]
 
@@ -270,13 +296,19 @@ class MHC(ResidualScheme):
               "one cannot be the other.")
     fp16_advice = ("as Pre-LN: its streams grow and have no scale (its coefficients and the stream sum are "
                    "computed in fp32)")
-    OPTIONS = (Option("mhc_streams", int, 4, "number n of residual streams", low=1, high=16, metavar="N"),)
+    OPTIONS = (Option("mhc_streams", int, 4, "number n of residual streams", low=1, high=16, metavar="N"),
+               Option("mhc_compile", bool, False, COMPILE_HELP, negative="--mhc-no-compile"))
 
     def options(self, args):
-        return MHCOptions(streams=int(args.mhc_streams))
+        return MHCOptions(streams=int(args.mhc_streams), compile=bool(getattr(args, "mhc_compile", False)))
+
+    def check_args(self, args):
+        super().check_args(args)
+        refuse_compile_where_unavailable("--mhc-compile", getattr(args, "mhc_compile", False))
 
     def sublayer_residual(self, cfg, site):
-        return ManifoldHyperConnection(site, cfg.residual_options.params.streams)
+        opts = cfg.residual_options.params
+        return ManifoldHyperConnection(site, opts.streams, opts.compile)
 
     def stack_residual(self, cfg, stack, num_layers, embed_dim):
         return StreamsStack(stack, num_layers, embed_dim, cfg.residual_options.params.streams)
