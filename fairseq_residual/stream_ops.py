@@ -163,13 +163,23 @@ _COMPILED = {}
 
 
 @torch.jit.unused
-def compiled(fn):
+def compiled(fn, flag: str):
     """``torch.compile(fn)``, made once per function and shared by every module that calls it (dynamo keys its
     graphs on the function's code and lifts the calling module's parameters to inputs, so the connections of all
     sub-layers share the graphs: one for the stack's expanded start, one for the streams after an update, and
-    a dynamic-shape one once a second batch shape is seen)."""
+    a dynamic-shape one once a second batch shape is seen).
+
+    Raises:
+        RuntimeError: where ``torch.compile`` cannot run (:func:`compile_unavailable`), naming ``flag`` (the
+            option that asked for it), why, and the fix. Raised at the first compiled call (the first training
+            step), not when the model is built, so that a model trained with ``flag`` loads and decodes anywhere.
+    """
     c = _COMPILED.get(fn)
     if c is None:
+        reason = compile_unavailable()
+        if reason:
+            raise RuntimeError(f"{flag} cannot be honoured here: {reason}; train without {flag} (the eager code "
+                               f"computes the same function)")
         c = _COMPILED[fn] = torch.compile(fn)
     return c
 

@@ -56,7 +56,7 @@ import torch
 from torch import Tensor, nn
 
 from ..residual import NORM_INPUT, StackResidual, SublayerResidual
-from ..stream_ops import compile_unavailable, compiled, layer_norm_projection, stream_update
+from ..stream_ops import compiled, layer_norm_projection, stream_update
 from .base import Option, ResidualScheme
 
 #: fairseq's per-parameter optimizer overrides (``optim_overrides``) of the static connection weights
@@ -71,7 +71,8 @@ LN_HC_EPS = 1e-5
 COMPILE_HELP = ("torch.compile the connections' prepare/update (coefficients, mixing, update) when training in eager "
                 "mode; TorchScript, evaluation and incremental decoding run the plain code (the same function). "
                 "The first training steps compile: about 1-2.5 minutes on a 2-core CPU with an empty inductor cache, "
-                "less with a warm one; it needs a C++ compiler")
+                "less with a warm one; it needs a C++ compiler (refused at the first training step where torch.compile "
+                "cannot run)")
 
 
 @dataclass(frozen=True)
@@ -157,11 +158,11 @@ class HyperConnection(SublayerResidual):
 
     @torch.jit.unused
     def _compiled_prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
-        return compiled(type(self).prepare_streams)(self, state)
+        return compiled(type(self).prepare_streams, "--hc-compile")(self, state)
 
     @torch.jit.unused
     def _compiled_update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
-        return compiled(type(self).update_streams)(self, state, out)
+        return compiled(type(self).update_streams, "--hc-compile")(self, state, out)
 
     def prepare_streams(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
         """One mixing product per position, ``[A_m | A_r]^T`` (n + 1 x n) times the streams (n x C): the branch
@@ -280,7 +281,6 @@ class HyperConnections(ResidualScheme):
     def check_args(self, args):
         super().check_args(args)
         refuse_flat_fp16_with_weight_decay(self.name, args)
-        refuse_compile_where_unavailable("--hc-compile", getattr(args, "hc_compile", False))
 
     def sublayer_residual(self, cfg, site):
         opts = cfg.residual_options.params
@@ -288,17 +288,6 @@ class HyperConnections(ResidualScheme):
 
     def stack_residual(self, cfg, stack, num_layers, embed_dim):
         return StreamsStack(stack, num_layers, embed_dim, cfg.residual_options.params.streams)
-
-
-def refuse_compile_where_unavailable(flag: str, wanted: bool) -> None:
-    """Raises:
-        ValueError: ``flag`` (``--hc-compile`` / ``--mhc-compile``) given where ``torch.compile`` cannot run,
-            naming why (:func:`~fairseq_residual.stream_ops.compile_unavailable`) and the fix.
-    """
-    reason = compile_unavailable() if wanted else ""
-    if reason:
-        raise ValueError(f"{flag} cannot be honoured here: {reason}; drop {flag} (the eager code computes the same "
-                         f"function)")
 
 
 def refuse_flat_fp16_with_weight_decay(scheme: str, args) -> None:

@@ -68,7 +68,7 @@ from torch import Tensor, nn
 from ..residual import NORM_INPUT, SublayerResidual
 from ..stream_ops import compiled, rms_projection, stream_update
 from .base import Option, ResidualScheme
-from .hyper_connections import COMPILE_HELP, StreamsStack, refuse_compile_where_unavailable
+from .hyper_connections import COMPILE_HELP, StreamsStack
 
 #: Sinkhorn-Knopp rounds (the paper's t_max)
 SINKHORN_ITERATIONS = 20
@@ -225,11 +225,11 @@ class ManifoldHyperConnection(SublayerResidual):
 
     @torch.jit.unused
     def _compiled_prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
-        return compiled(type(self).prepare_streams)(self, state)
+        return compiled(type(self).prepare_streams, "--mhc-compile")(self, state)
 
     @torch.jit.unused
     def _compiled_update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
-        return compiled(type(self).update_streams)(self, state, out)
+        return compiled(type(self).update_streams, "--mhc-compile")(self, state, out)
 
     def prepare_streams(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
         """One mixing product per position, ``[H_pre; H_res] (n + 1 x n)`` times the streams (n x C): the branch
@@ -301,10 +301,6 @@ class MHC(ResidualScheme):
 
     def options(self, args):
         return MHCOptions(streams=int(args.mhc_streams), compile=bool(getattr(args, "mhc_compile", False)))
-
-    def check_args(self, args):
-        super().check_args(args)
-        refuse_compile_where_unavailable("--mhc-compile", getattr(args, "mhc_compile", False))
 
     def sublayer_residual(self, cfg, site):
         opts = cfg.residual_options.params
