@@ -511,3 +511,17 @@ def test_compiled_connections_match_eager_in_fp32(scheme):
     assert 0 < out_err < 1e-4 and 0 < grad_err < 1e-3  # fp32 rounding, not a float64 run
     assert (lp_c - lp_e).abs().max().item() <= 3 * out_err
     assert max((g_c[n] - g_e[n]).abs().max().item() for n in g_e) <= 3 * grad_err
+
+
+@pytest.mark.parametrize("scheme", ["hyper_connections", "mhc"])
+def test_streams_stay_positions_first_from_the_stack_start(scheme):
+    """After a connection on the stack's start (n expanded copies) and after one on updated streams, the streams
+    are laid out positions-first (T x B x n x C in memory), so that the next connection reads them without a
+    copy."""
+    model = tiny("--residual-scheme", scheme).train()
+    residual = model.encoder.layers[0].self_attn_residual
+    state = model.encoder.residual.start(torch.randn(5, 3, 64))
+    for _ in range(2):
+        branch, state = residual.prepare(state)
+        state = residual.update(state, torch.randn_like(branch))
+        assert state[0].permute(1, 2, 0, 3).is_contiguous()

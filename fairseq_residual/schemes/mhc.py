@@ -250,7 +250,9 @@ class ManifoldHyperConnection(SublayerResidual):
             x = streams[0].reshape(p, c).to(dtype)
             pre, post, res = self._positions_last(x, n)
             branch = x * pre.sum(dim=0).unsqueeze(-1)  # P x C
-            carried = res.sum(dim=1).t().unsqueeze(-1) * x.unsqueeze(1)  # P x n x C
+            # P x n x C positions-first: with the coefficients P x n contiguous (a transposed n x P would
+            # lay the product out streams-first, and the next sub-layer would copy it)
+            carried = res.sum(dim=1).t().contiguous().unsqueeze(-1) * x.unsqueeze(1)
         else:
             h = streams.permute(1, 2, 0, 3).reshape(p, n, c).to(dtype)  # a view of positions-first streams
             pre, post, res = self._positions_last(h.reshape(p, n * c), 1)  # vec(H) per position, a view
