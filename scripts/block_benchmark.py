@@ -15,7 +15,8 @@ Peak memory: the running maximum of live bytes of PyTorch's CPU allocator during
 events, as ``scripts/speed_benchmark.py`` measures it). Saved bytes: the distinct storages autograd's
 saved-tensor hooks see, parameters excluded.
 
-Example: ``python scripts/block_benchmark.py --schemes hyper_connections,mhc --rounds 30``.
+Example: ``python scripts/block_benchmark.py --schemes hyper_connections,mhc --rounds 30`` (add ``--compile`` for
+the compiled connections too).
 """
 import argparse
 import statistics
@@ -33,10 +34,15 @@ PLAIN = "plain"
 PLAIN_AA = "plain (A/A)"
 
 
-def build_block(name, embed, ffn, heads, resi_dual_scale, seed):
+#: the scheme options that compile the multi-stream connections (``--compile``)
+COMPILE_FLAGS = {"hyper_connections": "--hc-compile", "mhc": "--mhc-compile"}
+COMPILED = " (compiled)"
+
+
+def build_block(name, embed, ffn, heads, resi_dual_scale, seed, extra=()):
     """``(layer, start, final_input)`` of the first encoder layer of model ``name`` with one layer per stack:
     ``start(x)`` the state the layer takes from the embedding output x (T x B x C), ``final_input(state)`` what
-    the stack's final LayerNorm reads (T x B x C)."""
+    the stack's final LayerNorm reads (T x B x C); ``extra``: more ``fairseq-train`` flags."""
     from fairseq import options
     from fairseq.tasks.translation import TranslationTask
 
@@ -44,7 +50,7 @@ def build_block(name, embed, ffn, heads, resi_dual_scale, seed):
 
     shape = dict(layers=1, embed=embed, ffn=ffn, heads=heads, vocab=64)
     args = options.parse_args_and_arch(options.get_training_parser(),
-                                       model_cli_args(name, shape, resi_dual_scale))
+                                       model_cli_args(name, shape, resi_dual_scale) + list(extra))
     d = make_dictionary(shape["vocab"])
     torch.manual_seed(seed)
     model = TranslationTask(args, d, d).build_model(args).train()
@@ -92,6 +98,10 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2, help="discarded rounds before the timed ones")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--compile", action="store_true",
+                   help="also time the hyper-connections / mHC blocks with their connections compiled "
+                        "(--hc-compile / --mhc-compile), as '<name> (compiled)'; the compiling (first step) is "
+                        "timed by wall clock and printed")
     opts = p.parse_args(argv)
     torch.set_num_threads(opts.threads)
 
@@ -111,6 +121,15 @@ def main(argv=None):
     gen = torch.Generator().manual_seed(opts.seed)
     x = torch.randn(opts.tokens, opts.batch, opts.embed, generator=gen)
     weight = torch.randn(opts.tokens, opts.batch, opts.embed, generator=gen)
+    compile_seconds = {}
+    if opts.compile:
+        for name in names:
+            flag = COMPILE_FLAGS.get(MODELS[name].get("scheme"))
+            if flag:
+                blocks[name + COMPILED] = build_block(name, opts.embed, opts.ffn, opts.heads, 1.0, opts.seed, [flag])
+                t0 = time.perf_counter()
+                step(blocks[name + COMPILED], x, weight)  # compiles forward and backward
+                compile_seconds[name + COMPILED] = time.perf_counter() - t0
 
     order = list(blocks)
     times = {name: [] for name in order}
@@ -129,11 +148,14 @@ def main(argv=None):
           f"{opts.threads} thread(s); ratios to the plain residual block")
     if skipped:
         print(f"# skipped (need a training hook): {', '.join(skipped)}")
-    print(f"{'block':<22}{'ms (median)':>12}{'time ratio':>12}{'[min, max]':>18}{'peak mem':>10}{'saved':>8}")
+    for name, seconds in compile_seconds.items():
+        print(f"# {name}: first step (compiling forward and backward) {seconds:.1f} s wall clock")
+    width = max(22, 2 + max(len(name) for name in order))
+    print(f"{'block':<{width}}{'ms (median)':>12}{'time ratio':>12}{'[min, max]':>18}{'peak mem':>10}{'saved':>8}")
     for name in order:
         ratios = [a / b for a, b in zip(times[name], times[PLAIN])]
         mem = (f"{memory[name] / memory[PLAIN]:.2f}" if memory[name] is not None and memory[PLAIN] else "n/a")
-        print(f"{name:<22}{1e3 * statistics.median(times[name]):>12.2f}{statistics.median(ratios):>12.3f}"
+        print(f"{name:<{width}}{1e3 * statistics.median(times[name]):>12.2f}{statistics.median(ratios):>12.3f}"
               f"{f'[{min(ratios):.2f}, {max(ratios):.2f}]':>18}{mem:>10}{saved[name] / saved[PLAIN]:>8.2f}")
     try:
         import hyper_connections  # noqa: F401  (lucidrains/hyper-connections; optional, never a dependency)

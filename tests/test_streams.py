@@ -401,3 +401,127 @@ def test_training_parts_the_streams(scheme):
     streams = seen[0]  # n x T x B x C
     spread = float((streams - streams[:1]).abs().max() / streams.abs().max())
     assert spread > 1e-5, f"{scheme}: the streams are still copies of one another after training ({spread:.3g})"
+
+
+def test_stream_ops_backward_is_autograd_of_the_textbook_formula():
+    """The closed-form backward of the normalise-then-project products and of the streams' update
+    (``fairseq_residual/stream_ops.py``) gives autograd's gradient of the textbook formula (normalise, then
+    project; ``c + k o``), in float64 within 1e-12, and passes gradcheck."""
+    import torch.nn.functional as F
+
+    from fairseq_residual.stream_ops import layer_norm_projection, rms_projection, stream_update
+
+    gen = torch.Generator().manual_seed(0)
+    for shift in (0.0, 3.0):  # rows with a mean away from 0 go through the centring's cancellation
+        h = (torch.randn(40, 16, dtype=torch.float64, generator=gen) + shift).requires_grad_()
+        w = torch.randn(16, 6, dtype=torch.float64, generator=gen).requires_grad_()
+        g = torch.randn(40, 6, dtype=torch.float64, generator=gen)
+        for got, want in ((layer_norm_projection(h, w, 1e-5), F.layer_norm(h, (16,)) @ w),
+                          (rms_projection(h, w, 1e-20), (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-20) @ w).t())):
+            assert (got - want).abs().max().item() <= 1e-12
+            grads = torch.autograd.grad(got, (h, w), g if got.shape == g.shape else g.t())
+            wants = torch.autograd.grad(want, (h, w), g if got.shape == g.shape else g.t())
+            assert max((a - b).abs().max().item() for a, b in zip(grads, wants)) <= 1e-12
+        assert torch.autograd.gradcheck(lambda h, w: layer_norm_projection(h, w, 1e-5), (h[:8], w))
+        assert torch.autograd.gradcheck(lambda h, w: rms_projection(h, w, 1e-20), (h[:8], w))
+    carried = torch.randn(5, 2, 3, 8, dtype=torch.float64, generator=gen).requires_grad_()  # T x B x n x C
+    k = torch.randn(3, 5, 2, dtype=torch.float64, generator=gen).requires_grad_()
+    o = torch.randn(5, 2, 8, dtype=torch.float64, generator=gen).requires_grad_()
+    got = stream_update(carried.permute(2, 0, 1, 3), k, o)
+    assert got.permute(1, 2, 0, 3).is_contiguous()  # positions-first
+    assert (got - (carried.permute(2, 0, 1, 3) + k.unsqueeze(-1) * o)).abs().max().item() <= 1e-12
+    assert torch.autograd.gradcheck(lambda c, k, o: stream_update(c.permute(2, 0, 1, 3), k, o), (carried, k, o))
+
+
+COMPILE_FLAGS = {"hyper_connections": "--hc-compile", "mhc": "--mhc-compile"}
+
+
+@pytest.mark.parametrize("scheme", sorted(COMPILE_FLAGS))
+def test_compile_option_leaves_evaluation_torchscript_and_decoding_plain(scheme, monkeypatch):
+    """``--hc-compile`` / ``--mhc-compile`` compile only eager training: evaluation, incremental decoding and
+    TorchScript run the plain code (torch.compile is never called)."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.compile called outside eager training")
+
+    d = make_dictionary()
+    model = tiny("--residual-scheme", scheme, COMPILE_FLAGS[scheme], d=d).eval()
+    assert all(m.compile_training for m in model.modules() if hasattr(m, "compile_training"))
+    monkeypatch.setattr(torch, "compile", refuse)
+    src, lengths, prev, _ = random_batch(d, bsz=3)
+    with torch.no_grad():
+        eager = model(src, lengths, prev)[0]
+        scripted = torch.jit.script(model)
+        assert (scripted(src, lengths, prev)[0] - eager).abs().max().item() <= 1e-5
+        SequenceGenerator([model], d, beam_size=2, max_len_b=5).generate([model], {"net_input": {
+            "src_tokens": src, "src_lengths": lengths}})
+
+
+@pytest.mark.parametrize("scheme", sorted(COMPILE_FLAGS))
+def test_compile_option_is_refused_where_torch_compile_cannot_run(scheme, monkeypatch):
+    """Where torch.compile cannot run, the first training step refuses the option, naming it and why; the model
+    still builds, evaluates and decodes (a checkpoint trained with it loads anywhere)."""
+    from fairseq_residual import stream_ops
+
+    monkeypatch.setattr(stream_ops, "_COMPILED", {})
+    monkeypatch.setattr(stream_ops, "compile_unavailable", lambda: "no C++ compiler (test)")
+    d = make_dictionary()
+    model = tiny("--residual-scheme", scheme, COMPILE_FLAGS[scheme], d=d)
+    src, lengths, prev, _ = random_batch(d, bsz=3)
+    with torch.no_grad():
+        model.eval()(src, lengths, prev)
+    with pytest.raises(RuntimeError, match=f"{COMPILE_FLAGS[scheme]} cannot be honoured here: no C\\+\\+ compiler"):
+        model.train()(src, lengths, prev)
+
+
+@pytest.mark.slow  # torch.compile: about 2-3 minutes of compiling per scheme on a loaded 2-core CPU
+@pytest.mark.parametrize("scheme", sorted(COMPILE_FLAGS))
+def test_compiled_connections_match_eager_in_fp32(scheme):
+    """The compiled connections compute the eager function: in fp32 on the whole model in training mode (no
+    dropout), log-probabilities and every parameter's gradient agree within a tolerance derived from fp32
+    rounding. Both fp32 computations differ from the exact function by their rounding only; with the eager
+    one's rounding error measured against the float64 model, ``e = max |eager_fp32 - float64|``, and the
+    compiled kernels' reordered sums allowed at most twice that error, the triangle inequality bounds
+    ``|compiled - eager| <= e + 2 e``: the test asserts ``<= 3 e`` (per output: log-probabilities, and every
+    gradient against the largest eager gradient error)."""
+    import copy
+
+    d = make_dictionary()
+    model = tiny("--residual-scheme", scheme, COMPILE_FLAGS[scheme], "--dropout", 0, *DEPTH, d=d)
+    randomise_scheme_parameters(model)
+    exact = copy.deepcopy(model).double()
+    src, lengths, prev, _ = random_batch(d, bsz=5)
+    keep = prev.ne(d.pad())
+
+    def run(m, compile_on):
+        for module in m.modules():
+            if hasattr(module, "compile_training"):
+                module.compile_training = compile_on
+        m.train()
+        m.zero_grad(set_to_none=True)
+        lp = torch.log_softmax(m(src, lengths, prev)[0], dim=-1)
+        lp[keep].sum().div(keep.sum()).backward()
+        return lp.detach()[keep].double(), {n: p.grad.double() for n, p in m.named_parameters() if p.grad is not None}
+
+    (lp_c, g_c), (lp_e, g_e), (lp_x, g_x) = run(model, True), run(model, False), run(exact, False)
+    assert g_c.keys() == g_e.keys() == g_x.keys()
+    out_err = (lp_e - lp_x).abs().max().item()
+    grad_err = max((g_e[n] - g_x[n]).abs().max().item() for n in g_e)
+    assert 0 < out_err < 1e-4 and 0 < grad_err < 1e-3  # fp32 rounding, not a float64 run
+    assert (lp_c - lp_e).abs().max().item() <= 3 * out_err
+    assert max((g_c[n] - g_e[n]).abs().max().item() for n in g_e) <= 3 * grad_err
+
+
+@pytest.mark.parametrize("scheme", ["hyper_connections", "mhc"])
+def test_streams_stay_positions_first_from_the_stack_start(scheme):
+    """After a connection on the stack's start (n expanded copies) and after one on updated streams, the streams
+    are laid out positions-first (T x B x n x C in memory), so that the next connection reads them without a
+    copy."""
+    model = tiny("--residual-scheme", scheme).train()
+    residual = model.encoder.layers[0].self_attn_residual
+    state = model.encoder.residual.start(torch.randn(5, 3, 64))
+    for _ in range(2):
+        branch, state = residual.prepare(state)
+        state = residual.update(state, torch.randn_like(branch))
+        assert state[0].permute(1, 2, 0, 3).is_contiguous()

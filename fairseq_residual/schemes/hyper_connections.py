@@ -28,9 +28,13 @@ in at least fp32 and never below the streams' precision (fp32 under fp16/bf16, f
 Computation (the same function as the textbook order above, restructured for speed): the dynamic part is one
 projection of every stream with ``[W_alpha | w_beta]``, LN_hc applied after it as
 ``(h W - mean(h) 1^T W) / sqrt(var(h) + eps)`` (in fp32, with streams whose mean is many times their spread, this
-loses a few more digits than normalising first: coefficients 1e-5 off at mean/std = 20, 2e-4 at 200); branch
-input and carried streams come from one product per position; the streams stay laid out positions-first
-(T x B x n x C in memory) between sub-layers.
+loses a few more digits than normalising first: coefficients 1e-5 off at mean/std = 20, 2e-4 at 200), with
+a closed-form backward (:func:`~fairseq_residual.stream_ops.layer_norm_projection`; ``torch.var_mean`` is a slow
+reduction on the CPU); the static and dynamic parts join in one ``addcmul``; branch input and carried streams
+come from one product per position; the stack's start (n copies of the embedding output, an expanded tensor)
+is projected once and mixed by a broadcast product; the streams stay laid out positions-first (T x B x n x C in
+memory) between sub-layers, and their update has a closed-form backward
+(:func:`~fairseq_residual.stream_ops.stream_update`).
 
 The project's reading of the encoder-decoder case (the paper is decoder-only): one set of n streams per
 stack; every sub-layer, cross-attention included, has its own connection; k counts the sub-layers of a
@@ -49,33 +53,36 @@ from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..residual import NORM_INPUT, StackResidual, SublayerResidual
+from ..stream_ops import compiled, layer_norm_projection, stream_update
 from .base import Option, ResidualScheme
 
 #: fairseq's per-parameter optimizer overrides (``optim_overrides``) of the static connection weights
 NO_WEIGHT_DECAY = {"weight_decay": 0.0}
 #: LN_hc's eps (a LayerNorm without parameters, torch's default)
 LN_HC_EPS = 1e-5
-
-
-def stream_update(carried: Tensor, coefficient: Tensor, out: Tensor) -> Tensor:
-    """``h'_j = carried_j + coefficient[j] o`` for the carried streams n x T x B x C, the coefficients n x T x B
-    (hyper-connections' ``B``, mHC's ``H_post``) and the branch output ``o`` T x B x C; computed positions-first,
-    so that the result is laid out T x B x n x C in memory (returned as its n x T x B x C view): the next
-    sub-layer then reads every position's n streams as one contiguous n C vector, without a copy."""
-    return torch.addcmul(carried.permute(1, 2, 0, 3), coefficient.permute(1, 2, 0).unsqueeze(-1),
-                         out.unsqueeze(-2)).permute(2, 0, 1, 3)
+#: the ``--hc-compile`` / ``--mhc-compile`` help. The compile cost was measured with torch 2.13 (CPU, inductor)
+#: on a 2-core AMD EPYC shared with another job: ``scripts/block_benchmark.py --compile`` (one block, forward and
+#: backward) 68 s for the first block with an empty inductor cache, 20-33 s for each further one; a 3 + 2-layer
+#: model's first training step (both stacks, their two batch shapes) 147 s with an empty cache, 40-45 s with a
+#: warm one (``tests/test_streams.py``)
+COMPILE_HELP = ("torch.compile the connections' prepare/update (coefficients, mixing, update) when training in eager "
+                "mode; TorchScript, evaluation and incremental decoding run the plain code (the same function). "
+                "The first training steps compile: about 1-2.5 minutes on a 2-core CPU with an empty inductor cache, "
+                "less with a warm one; it needs a C++ compiler (refused at the first training step where torch.compile "
+                "cannot run)")
 
 
 @dataclass(frozen=True)
 class HyperConnectionsOptions:
-    """Attributes: streams: n; dynamic: the dynamic connection (paper eq. 10-13) on top of the static one."""
+    """Attributes: streams: n; dynamic: the dynamic connection (paper eq. 10-13) on top of the static one;
+    compile: ``torch.compile`` the connections' ``prepare`` / ``update`` in eager training (:data:`COMPILE_HELP`)."""
 
     streams: int = 4
     dynamic: bool = True
+    compile: bool = False
 
 
 class HyperConnection(SublayerResidual):
@@ -84,15 +91,17 @@ class HyperConnection(SublayerResidual):
 
     Args:
         site: the sub-layer (its index k in the stack sets the one-hot ``A_m``).
-        streams: n. dynamic: add the dynamic connection.
+        streams: n. dynamic: add the dynamic connection. compile: run ``prepare`` / ``update`` through
+            ``torch.compile`` in eager training (:data:`COMPILE_HELP`).
     """
 
     NORM = NORM_INPUT
 
-    def __init__(self, site, streams: int, dynamic: bool):
+    def __init__(self, site, streams: int, dynamic: bool, compile: bool = False):
         super().__init__(site)
         n, c = streams, site.embed_dim
         self.n_streams = n
+        self.compile_training = compile
         self.ln_eps = LN_HC_EPS
         alpha0 = torch.zeros(n, 1)
         alpha0[site.index % n, 0] = 1.0
@@ -105,53 +114,89 @@ class HyperConnection(SublayerResidual):
         for name, value in dynamic_parts.items():  # static hyper-connections have no dynamic parameters
             self.register_parameter(name, nn.Parameter(value) if dynamic else None)
 
-    def _positions_first(self, streams: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """``(alpha P x n x (n + 1), beta P x n, the streams P x n x C)`` for the streams n x T x B x C, P = T B, in
-        the compute dtype (at least fp32, never below the streams' precision); ``alpha[p, i]`` is stream i's
-        ``[A_m | A_r]`` row at position p.
+    def _connection(self, h: Tensor, rows: int) -> Tensor:
+        """``[A_m | A_r | B]`` in the dtype of ``h``: per position P, stream i's row ``[A_m[i] | A_r[i, :] | B[i]]``,
+        P x n x (n + 2) (eq. 10-13: the static part plus ``s * tanh(LN_hc(h_i) [W_alpha | w_beta])``), or the
+        static n x (n + 2) alone for static hyper-connections; ``h`` is (P rows) x C, the ``rows`` = n streams of
+        every position, or one row per position (``rows`` = 1) when the n streams are copies of it.
 
-        The dynamic part is one projection of every stream with ``[W_alpha | w_beta]`` (C x (n + 2)) and the
-        LayerNorm applied after it: ``LN(h) W = (h W - mean(h) 1^T W) / sqrt(var(h) + eps)``, so the normalised
-        streams are never formed. Streams laid out positions-first (T x B x n x C in memory, as :meth:`update`
-        leaves them) are read without a copy."""
-        n, t, b, c = streams.shape
-        dtype = torch.promote_types(streams.dtype, torch.float32)
-        h = streams.permute(1, 2, 0, 3).reshape(t * b, n, c).to(dtype)  # a view of positions-first streams
-        alpha = self.static_alpha.to(dtype)
-        beta = self.static_beta.to(dtype)
+        The dynamic part is one projection of every row with ``[W_alpha | w_beta]`` (C x (n + 2)), LN_hc applied
+        after it (:func:`~fairseq_residual.stream_ops.layer_norm_projection`), and one ``addcmul`` with the
+        static part, so the normalised streams are never formed."""
+        n = self.n_streams
+        static = torch.cat([self.static_alpha, self.static_beta.unsqueeze(-1)], dim=1).to(h.dtype)
         if self.dynamic_alpha_fn is not None and self.dynamic_beta_fn is not None \
                 and self.dynamic_alpha_scale is not None and self.dynamic_beta_scale is not None:
-            fn = torch.cat([self.dynamic_alpha_fn, self.dynamic_beta_fn.unsqueeze(-1)], dim=1).to(dtype)
-            var, mean = torch.var_mean(h, dim=-1, correction=0, keepdim=True)  # LN_hc's, P x n x 1
-            dynamic = torch.tanh((h @ fn - mean * fn.sum(dim=0)) * torch.rsqrt(var + self.ln_eps))  # P x n x (n + 2)
-            alpha = alpha + self.dynamic_alpha_scale.to(dtype) * dynamic[..., : n + 1]
-            beta = beta + self.dynamic_beta_scale.to(dtype) * dynamic[..., n + 1]
-        else:
-            alpha = alpha.expand(t * b, n, n + 1)
-            beta = beta.expand(t * b, n)
-        return alpha, beta, h
+            fn = torch.cat([self.dynamic_alpha_fn, self.dynamic_beta_fn.unsqueeze(-1)], dim=1).to(h.dtype)
+            scale = torch.cat([self.dynamic_alpha_scale.expand(n + 1), self.dynamic_beta_scale.unsqueeze(0)])
+            dynamic = torch.tanh(layer_norm_projection(h, fn, self.ln_eps))  # (P rows) x (n + 2)
+            return torch.addcmul(static, dynamic.view(-1, rows, n + 2), scale.to(h.dtype))
+        return static
 
     def coefficients(self, streams: Tensor) -> Tuple[Tensor, Tensor]:
         """``(alpha, beta)`` in at least fp32 and never below the streams' precision: alpha n x T x B x (n + 1)
         (row i: stream i's ``[A_m | A_r]`` entries, eq. 10-13), beta n x T x B, for the streams n x T x B x C."""
-        n, t, b, _ = streams.shape
-        alpha, beta, _ = self._positions_first(streams)
-        return alpha.view(t, b, n, n + 1).permute(2, 0, 1, 3), beta.reshape(t, b, n).permute(2, 0, 1)
+        n, t, b, c = streams.shape
+        dtype = torch.promote_types(streams.dtype, torch.float32)
+        h = streams.permute(1, 2, 0, 3).reshape(t * b * n, c).to(dtype)
+        coef = self._connection(h, n).expand(t * b, n, n + 2).reshape(t, b, n, n + 2).permute(2, 0, 1, 3)
+        return coef[..., : n + 1], coef[..., n + 1]
 
     def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        """:meth:`prepare_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
+        mode."""
+        if self.compile_training and self.training and not torch.jit.is_scripting():
+            return self._compiled_prepare(state)
+        return self.prepare_streams(state)
+
+    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        """:meth:`update_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
+        mode."""
+        if self.compile_training and self.training and not torch.jit.is_scripting():
+            return self._compiled_update(state, out)
+        return self.update_streams(state, out)
+
+    @torch.jit.unused
+    def _compiled_prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        return compiled(type(self).prepare_streams, "--hc-compile")(self, state)
+
+    @torch.jit.unused
+    def _compiled_update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        return compiled(type(self).update_streams, "--hc-compile")(self, state, out)
+
+    def prepare_streams(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
         """One mixing product per position, ``[A_m | A_r]^T`` (n + 1 x n) times the streams (n x C): the branch
         input ``sum_i A_m[i] h_i`` (T x B x C, its own storage, so that what the branch keeps for its backward does
         not hold the carried streams) and the carried streams ``sum_i A_r[i, j] h_i`` (n x T x B x C, laid out
-        positions-first), with ``B`` (n x T x B) for :meth:`update`."""
+        positions-first), with ``B`` (n x T x B) for :meth:`update`; coefficients and mixing in at least fp32,
+        never below the streams' precision.
+
+        The streams as :meth:`update` leaves them (positions-first, T x B x n x C in memory) are read without a
+        copy. When the n streams are copies of one stream (the stack's start, an expanded tensor), every stream's
+        dynamic coefficients are the same, and the mixing reduces to ``(sum_i A[i, u]) x``: one projection of
+        the one stream and a broadcast product (the same function, without the n-fold work)."""
         streams = state[0]
         n, t, b, c = streams.shape
-        alpha, beta, h = self._positions_first(streams)
-        branch, carried = (alpha.transpose(-1, -2) @ h).to(streams.dtype).split([1, n], dim=1)
-        return (branch.reshape(t, b, c).contiguous(),
-                [carried.view(t, b, n, c).permute(2, 0, 1, 3),
+        p = t * b
+        dtype = torch.promote_types(streams.dtype, torch.float32)
+        if n > 1 and streams.stride(0) == 0:  # n copies of one stream: h_i = x for every i
+            x = streams[0].reshape(p, c).to(dtype)
+            coef = self._connection(x, 1)  # P x n x (n + 2), or n x (n + 2) static
+            mix = coef[..., : n + 1].sum(dim=-2)  # sum_i [A_m | A_r][i, :], P x (n + 1) (or n + 1)
+            branch = x * mix[..., :1]
+            carried = mix[..., 1:].unsqueeze(-1) * x.unsqueeze(-2)  # P x n x C
+        else:
+            h = streams.permute(1, 2, 0, 3).reshape(p, n, c).to(dtype)  # a view of positions-first streams
+            coef = self._connection(h.reshape(p * n, c), n)
+            mixed = coef[..., : n + 1].transpose(-1, -2) @ h  # P x (n + 1) x C
+            branch, carried = mixed.split([1, n], dim=1)  # split, not slices: no zero-filled gradients
+            branch = branch.contiguous()
+        beta = coef[..., n + 1].expand(p, n)
+        return (branch.to(streams.dtype).view(t, b, c),
+                [carried.to(streams.dtype).reshape(t, b, n, c).permute(2, 0, 1, 3),
                  beta.reshape(t, b, n).permute(2, 0, 1).to(streams.dtype)])
 
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+    def update_streams(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
         """``h'_j = carried_j + B[j] o``, n x T x B x C laid out positions-first (T x B x n x C)."""
         return [stream_update(state[0], state[1], out)]
 
@@ -227,10 +272,12 @@ class HyperConnections(ResidualScheme):
         Option("hc_streams", int, 4, "number n of residual streams", low=1, high=16, metavar="N"),
         Option("hc_dynamic", bool, True, "dynamic connections (paper eq. 10-13) on top of the static ones "
                "(--hc-dynamic, the default) or static hyper-connections only (--hc-static)", negative="--hc-static"),
+        Option("hc_compile", bool, False, COMPILE_HELP, negative="--hc-no-compile"),
     )
 
     def options(self, args):
-        return HyperConnectionsOptions(streams=int(args.hc_streams), dynamic=bool(args.hc_dynamic))
+        return HyperConnectionsOptions(streams=int(args.hc_streams), dynamic=bool(args.hc_dynamic),
+                                       compile=bool(getattr(args, "hc_compile", False)))
 
     def check_args(self, args):
         super().check_args(args)
@@ -238,7 +285,7 @@ class HyperConnections(ResidualScheme):
 
     def sublayer_residual(self, cfg, site):
         opts = cfg.residual_options.params
-        return HyperConnection(site, opts.streams, opts.dynamic)
+        return HyperConnection(site, opts.streams, opts.dynamic, opts.compile)
 
     def stack_residual(self, cfg, stack, num_layers, embed_dim):
         return StreamsStack(stack, num_layers, embed_dim, cfg.residual_options.params.streams)

@@ -25,9 +25,12 @@ the streams' precision (fp32 under fp16/bf16, float64 in float64).
 
 Computation (the same function, restructured for speed; the reordering of the RMSNorm after the matmul is the one the paper describes for its fused kernels): one projection
 of the flattened streams with ``[phi_pre | phi_post | phi_res]``, the RMSNorm's ``1/rms`` applied after it
-(``RMSNorm(x) phi = (x phi) / rms(x)``); the coefficients positions-last (n x n x P), Sinkhorn-Knopp with a
-backward that recomputes its rounds (:func:`sinkhorn_knopp_recomputed`); branch input and carried streams from
-one product per position; the streams laid out positions-first (T x B x n x C in memory) between sub-layers.
+(``RMSNorm(x) phi = (x phi) / rms(x)``, with a closed-form backward:
+:func:`~fairseq_residual.stream_ops.rms_projection`); the coefficients positions-last (n x n x P), Sinkhorn-Knopp
+with a backward that recomputes its rounds (:func:`sinkhorn_knopp_recomputed`); branch input and carried streams
+from one product per position; the stack's start (n copies of one stream) projected once, with ``sum_i phi_i``,
+and mixed by a broadcast product; the streams laid out positions-first (T x B x n x C in memory) between
+sub-layers.
 
 A scheme of its own rather than a ``--hc-manifold`` flag of ``hyper_connections``: its coefficients have
 other parameters (three projections of the flattened streams, three biases, three gates) and another
@@ -63,8 +66,9 @@ import torch
 from torch import Tensor, nn
 
 from ..residual import NORM_INPUT, SublayerResidual
+from ..stream_ops import compiled, rms_projection, stream_update
 from .base import Option, ResidualScheme
-from .hyper_connections import StreamsStack, stream_update
+from .hyper_connections import COMPILE_HELP, StreamsStack
 
 #: Sinkhorn-Knopp rounds (the paper's t_max)
 SINKHORN_ITERATIONS = 20
@@ -140,24 +144,28 @@ def sinkhorn_knopp_recomputed(logits: Tensor, iterations: int) -> Tensor:
 
 @dataclass(frozen=True)
 class MHCOptions:
-    """Attributes: streams: n."""
+    """Attributes: streams: n; compile: ``torch.compile`` the connections' ``prepare`` / ``update`` in eager
+    training (:data:`~fairseq_residual.schemes.hyper_connections.COMPILE_HELP`)."""
 
     streams: int = 4
+    compile: bool = False
 
 
 class ManifoldHyperConnection(SublayerResidual):
     """One sub-layer's mHC connection over the streams ``[H]`` (n x T x B x C).
 
     Args:
-        site: the sub-layer. streams: n.
+        site: the sub-layer. streams: n. compile: run ``prepare`` / ``update`` through ``torch.compile`` in eager
+            training (:data:`~fairseq_residual.schemes.hyper_connections.COMPILE_HELP`).
     """
 
     NORM = NORM_INPUT
 
-    def __init__(self, site, streams: int):
+    def __init__(self, site, streams: int, compile: bool = False):
         super().__init__(site)
         n, c = streams, site.embed_dim
         self.n_streams = n
+        self.compile_training = compile
         self.rms_eps = RMS_EPS
         self.sinkhorn_iterations = SINKHORN_ITERATIONS
         self.phi_pre = nn.Parameter(torch.zeros(n * c, n))
@@ -170,49 +178,91 @@ class ManifoldHyperConnection(SublayerResidual):
         self.alpha_post = nn.Parameter(torch.full((), 1e-2))
         self.alpha_res = nn.Parameter(torch.full((), 1e-2))
 
-    def _positions_last(self, streams: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(H_pre n x P, H_post n x P, H_res n x n x P, the streams P x n x C)`` for the streams n x T x B x C,
-        P = T B, in the compute dtype (at least fp32, never below the streams' precision).
+    def _positions_last(self, x: Tensor, copies: int) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(H_pre n x P, H_post n x P, H_res n x n x P)`` (eq. 7-9) in the dtype of ``x``, for ``x`` P x nC, the
+        flattened streams vec(H) of every position (``copies`` = 1), or P x C, one stream of which the n streams
+        are copies (``copies`` = n).
 
-        One projection of the flattened streams with ``[phi_pre | phi_post | phi_res]`` (nC x (2n + n^2)), the
-        RMSNorm applied after it: ``RMSNorm(x) phi = (x phi) / rms(x)`` (the reordering the paper describes for its fused kernels),
-        so the normalised nC-vector is never formed. Streams laid out positions-first (T x B x n x C in memory,
-        as :meth:`update` leaves them) are flattened without a copy."""
-        n, t, b, c = streams.shape
-        dtype = torch.promote_types(streams.dtype, torch.float32)
-        h = streams.permute(1, 2, 0, 3).reshape(t * b, n, c).to(dtype)  # a view of positions-first streams
-        flat = h.reshape(t * b, n * c)  # vec(H) per position (a copy only of the stack's expanded start)
+        One projection with ``[phi_pre | phi_post | phi_res]`` (nC x (2n + n^2)), the RMSNorm applied after it:
+        ``RMSNorm(x) phi = (x phi) / rms(x)`` (the reordering the paper describes for its fused kernels;
+        :func:`~fairseq_residual.stream_ops.rms_projection`), so the normalised nC-vector is never formed. For n
+        copies of one stream x, ``vec(H) = [x, ..., x]`` has the rms of x and ``vec(H) phi = x sum_i phi_i`` (phi_i
+        the C rows of stream i)."""
+        n, p = self.n_streams, x.size(0)
+        dtype = x.dtype
         phi = torch.cat([self.phi_pre, self.phi_post, self.phi_res], dim=1).to(dtype)
-        inv_rms = torch.rsqrt(flat.pow(2).mean(dim=-1) + self.rms_eps)  # P
-        logits = (phi.t() @ flat.t()) * inv_rms  # (2n + n^2) x P: positions last
+        if copies > 1:
+            phi = phi.view(copies, -1, phi.size(1)).sum(dim=0)
+        logits = rms_projection(x, phi, self.rms_eps)  # (2n + n^2) x P: positions last
         pre, post, res = logits.split([n, n, n * n], dim=0)
         pre = torch.sigmoid(self.alpha_pre.to(dtype) * pre + self.b_pre.to(dtype).unsqueeze(-1))
         post = 2 * torch.sigmoid(self.alpha_post.to(dtype) * post + self.b_post.to(dtype).unsqueeze(-1))
-        res = self.alpha_res.to(dtype) * res.view(n, n, t * b) + self.b_res.to(dtype).unsqueeze(-1)
-        return pre, post, sinkhorn_knopp_recomputed(res, self.sinkhorn_iterations), h
+        res = self.alpha_res.to(dtype) * res.view(n, n, p) + self.b_res.to(dtype).unsqueeze(-1)
+        return pre, post, sinkhorn_knopp_recomputed(res, self.sinkhorn_iterations)
 
     def coefficients(self, streams: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """``(H_pre T x B x n, H_post T x B x n, H_res T x B x n x n)`` for the streams n x T x B x C (eq. 7-9), in
         at least fp32 and never below the streams' precision."""
-        n, t, b, _ = streams.shape
-        pre, post, res, _ = self._positions_last(streams)
+        n, t, b, c = streams.shape
+        dtype = torch.promote_types(streams.dtype, torch.float32)
+        pre, post, res = self._positions_last(streams.permute(1, 2, 0, 3).reshape(t * b, n * c).to(dtype), 1)
         return (pre.t().reshape(t, b, n), post.t().reshape(t, b, n),
                 res.permute(2, 0, 1).reshape(t, b, n, n))
 
     def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        """:meth:`prepare_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
+        mode."""
+        if self.compile_training and self.training and not torch.jit.is_scripting():
+            return self._compiled_prepare(state)
+        return self.prepare_streams(state)
+
+    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        """:meth:`update_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
+        mode."""
+        if self.compile_training and self.training and not torch.jit.is_scripting():
+            return self._compiled_update(state, out)
+        return self.update_streams(state, out)
+
+    @torch.jit.unused
+    def _compiled_prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        return compiled(type(self).prepare_streams, "--mhc-compile")(self, state)
+
+    @torch.jit.unused
+    def _compiled_update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        return compiled(type(self).update_streams, "--mhc-compile")(self, state, out)
+
+    def prepare_streams(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
         """One mixing product per position, ``[H_pre; H_res] (n + 1 x n)`` times the streams (n x C): the branch
         input ``sum_i H_pre[i] h_i`` (T x B x C, its own storage, so that what the branch keeps for its backward
         does not hold the carried streams) and the carried streams ``sum_i H_res[j, i] h_i`` (n x T x B x C, laid
-        out positions-first), with ``H_post`` (n x T x B) for :meth:`update`."""
+        out positions-first), with ``H_post`` (n x T x B) for :meth:`update`; coefficients and mixing in at least
+        fp32, never below the streams' precision.
+
+        The streams as :meth:`update` leaves them (positions-first, T x B x n x C in memory) are flattened without
+        a copy. When the n streams are copies of one stream x (the stack's start, an expanded tensor), the mixing
+        reduces to ``(sum_i H_pre[i]) x`` and ``(sum_i H_res[j, i]) x``: a projection of the one stream and a
+        broadcast product (the same function, without the n-fold work)."""
         streams = state[0]
         n, t, b, c = streams.shape
-        pre, post, res, h = self._positions_last(streams)
-        mix = torch.cat([pre.unsqueeze(0), res], dim=0).permute(2, 0, 1)  # P x (n + 1) x n
-        branch, carried = (mix @ h).to(streams.dtype).split([1, n], dim=1)  # P x 1 x C, P x n x C
-        return (branch.reshape(t, b, c).contiguous(),
-                [carried.view(t, b, n, c).permute(2, 0, 1, 3), post.view(n, t, b).to(streams.dtype)])
+        p = t * b
+        dtype = torch.promote_types(streams.dtype, torch.float32)
+        if n > 1 and streams.stride(0) == 0:  # n copies of one stream: h_i = x for every i
+            x = streams[0].reshape(p, c).to(dtype)
+            pre, post, res = self._positions_last(x, n)
+            branch = x * pre.sum(dim=0).unsqueeze(-1)  # P x C
+            # P x n x C positions-first: with the coefficients P x n contiguous (a transposed n x P would
+            # lay the product out streams-first, and the next sub-layer would copy it)
+            carried = res.sum(dim=1).t().contiguous().unsqueeze(-1) * x.unsqueeze(1)
+        else:
+            h = streams.permute(1, 2, 0, 3).reshape(p, n, c).to(dtype)  # a view of positions-first streams
+            pre, post, res = self._positions_last(h.reshape(p, n * c), 1)  # vec(H) per position, a view
+            mix = torch.cat([pre.unsqueeze(0), res], dim=0).permute(2, 0, 1).contiguous()  # P x (n + 1) x n
+            branch, carried = (mix @ h).split([1, n], dim=1)  # P x 1 x C, P x n x C
+            branch = branch.contiguous()
+        return (branch.to(streams.dtype).view(t, b, c),
+                [carried.to(streams.dtype).reshape(t, b, n, c).permute(2, 0, 1, 3), post.view(n, t, b).to(streams.dtype)])
 
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+    def update_streams(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
         """``h'_j = carried_j + H_post[j] o`` (eq. 3), n x T x B x C laid out positions-first (T x B x n x C)."""
         return [stream_update(state[0], state[1], out)]
 
@@ -249,13 +299,15 @@ class MHC(ResidualScheme):
               "one cannot be the other.")
     fp16_advice = ("as Pre-LN: its streams grow and have no scale (its coefficients and the stream sum are "
                    "computed in fp32)")
-    OPTIONS = (Option("mhc_streams", int, 4, "number n of residual streams", low=1, high=16, metavar="N"),)
+    OPTIONS = (Option("mhc_streams", int, 4, "number n of residual streams", low=1, high=16, metavar="N"),
+               Option("mhc_compile", bool, False, COMPILE_HELP, negative="--mhc-no-compile"))
 
     def options(self, args):
-        return MHCOptions(streams=int(args.mhc_streams))
+        return MHCOptions(streams=int(args.mhc_streams), compile=bool(getattr(args, "mhc_compile", False)))
 
     def sublayer_residual(self, cfg, site):
-        return ManifoldHyperConnection(site, cfg.residual_options.params.streams)
+        opts = cfg.residual_options.params
+        return ManifoldHyperConnection(site, opts.streams, opts.compile)
 
     def stack_residual(self, cfg, stack, num_layers, embed_dim):
         return StreamsStack(stack, num_layers, embed_dim, cfg.residual_options.params.streams)
