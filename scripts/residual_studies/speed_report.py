@@ -51,6 +51,9 @@ def format_table(results):
     lines.append(f"goals: {goals_text(results['meta'].get('goals'))}")
     for shape_name, res in results["shapes"].items():
         for name, g in res["goals"].items():
+            if not g:
+                lines.append(f"  {shape_name:<8} {name:<10} no goal (its ratios are in the table above)")
+                continue
             parts = []
             for metric, d in g.items():
                 if d["value"] is None:
