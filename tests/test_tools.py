@@ -120,17 +120,18 @@ def test_benchmark_run_names_have_one_pattern():
 
 def test_speed_goals_are_each_schemes_own():
     """Each scheme declares its speed goal (``speed_goal``): fairseq's own layers within 1% of stock in training,
-    the schemes that add computation within 3%, the multi-stream schemes none (slower and larger by
-    construction, docs/speed.md); the speed benchmark's GOALS are theirs."""
+    the schemes that add computation within 3%, the multi-stream schemes (n = 4) their own: 0.8x throughput and
+    1.35x memory (docs/speed.md); the speed benchmark's GOALS are theirs, the n = 2 variants have none."""
     from fairseq_residual.schemes import SCHEMES
     from residual_studies.speed_compare import GOALS
 
     fairseq_own = dict(train=0.99, memory=1.05, generate=0.97)
     added = dict(train=0.97, memory=1.05, generate=0.97)
-    want = {s.name: fairseq_own if s.name in ("post_ln", "pre_ln") else added for s in SCHEMES
-            if s.name not in ("hyper_connections", "mhc")}
-    assert {name: GOALS[name] for name in want} == want
-    assert not {"hyper_connections", "mhc", "hyper_connections_n2", "mhc_n2"} & set(GOALS)
+    streams = dict(train=0.80, memory=1.35, generate=0.80)
+    want = {s.name: fairseq_own if s.name in ("post_ln", "pre_ln") else
+            streams if s.name in ("hyper_connections", "mhc") else added for s in SCHEMES}
+    assert GOALS == want
+    assert not {"hyper_connections_n2", "mhc_n2"} & set(GOALS)
 
 
 def test_speed_baselines_follow_what_each_scheme_builds_on():
