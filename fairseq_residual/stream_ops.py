@@ -20,13 +20,13 @@ from torch import Tensor
 
 
 def _layer_norm_projection_forward(h: Tensor, weight: Tensor, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
-    """``(z, mean, rstd)``: z = LN(h) W (M x k) and LN's statistics (M x 1), for h M x C, W C x k."""
-    mean = h.mean(dim=-1, keepdim=True)
-    rstd = torch.rsqrt((h - mean).square().mean(dim=-1, keepdim=True) + eps)  # two passes, as LayerNorm
-    # h W in this orientation, as LN(h) W is usually written (its rounding then follows the unrestructured
-    # product's; W^T h^T is faster here but rounds differently, and the model amplifies the difference)
-    z = (torch.mm(h, weight) - mean * weight.sum(dim=0)) * rstd
-    return z, mean, rstd
+    """``(z, mean, rstd)``: z = LN(h) W (M x k) and LN's statistics (M x 1), for h M x C, W C x k.
+
+    torch's fused LayerNorm kernel gives the normalised rows and both statistics in one pass (about twice as
+    fast on the CPU as computing the statistics with separate reductions and subtracting after the product);
+    the normalised rows are a temporary of the forward only: the backward keeps h, the statistics and z."""
+    normed, mean, rstd = torch.native_layer_norm(h, [h.size(-1)], None, None, eps)
+    return torch.mm(normed, weight), mean, rstd
 
 
 class _LayerNormProjection(torch.autograd.Function):
@@ -65,10 +65,8 @@ def _layer_norm_projection_function(h: Tensor, weight: Tensor, eps: float) -> Te
 def layer_norm_projection(h: Tensor, weight: Tensor, eps: float) -> Tensor:
     """``LN(h) W``, M x k, for h M x C (rows to normalise, contiguous) and the weight W C x k, LN a LayerNorm
     without parameters (hyper-connections' ``LN_hc``, arXiv 2409.19606 eq. 11-13), computed as
-    ``(h W - mean(h) 1^T W) / sqrt(var(h) + eps)`` with a closed-form backward (:class:`_LayerNormProjection`).
-
-    In fp32, rows whose mean is many times their spread lose a few more digits than normalising first (the
-    subtraction follows the product): about 1e-5 relative at mean/std = 20."""
+    ``LN(h) W`` (torch's fused LayerNorm, then the product) with a closed-form backward
+    (:class:`_LayerNormProjection`)."""
     if torch.jit.is_scripting() or not (h.requires_grad or weight.requires_grad):
         return _layer_norm_projection_forward(h, weight, eps)[0]
     return _layer_norm_projection_function(h, weight, eps)
