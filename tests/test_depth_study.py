@@ -101,7 +101,7 @@ def test_report_shows_diverged_and_failed_cells(tmp_path):
         assert f.read(4) == b"\x89PNG"
 
 
-def test_a_few_updates_above_the_uniform_guess_are_untrained_not_exploded(tmp_path, monkeypatch):
+def test_a_few_updates_above_the_uniform_guess_are_untrained_not_exploded(tmp_path, monkeypatch, capsys):
     """A cell of 4 updates whose --log-interval exceeds them logs no train_inner line: its updates come from
     the epoch and validation records, and its valid nll above the uniform guess with a falling training loss
     is an untrained model, not a diverged one."""
@@ -127,3 +127,9 @@ def test_a_few_updates_above_the_uniform_guess_are_untrained_not_exploded(tmp_pa
                                    str(run_dir), None, "cell")
         assert state["stats"]["updates_done"] == 4, name
         assert state["status"] == "ok", (name, state["reason"])
+        assert "cell: training from scratch to 4 updates" in capsys.readouterr().out
+    # a segment a kill cut short: fairseq resumes from its checkpoint, and the log says so
+    (tmp_path / "inner" / "checkpoint_last.pt").write_bytes(b"x")
+    cell.train_segment(argparse.Namespace(threads=1), {"updates": 4}, {"bin": "bin", "vocab": 300},
+                       str(tmp_path / "inner"), None, "cell")
+    assert "training on from the checkpoint of an interrupted run" in capsys.readouterr().out

@@ -205,7 +205,11 @@ def train_segment(args, s, data, run_dir, state, name):
     wall and CPU seconds summed over the segments, and one entry per segment (its command)."""
     updates = s["updates"]
     start = state["updates"] if state else 0
-    log(f"{name}: training {'from scratch' if not start else f'on from {start} updates'} to {updates} updates "
+    interrupted = os.path.exists(os.path.join(run_dir, "checkpoint_last.pt"))  # a segment a kill cut short
+    begin = (f"on from {start} updates" if start else
+             "on from the checkpoint of an interrupted run (fairseq resumes from checkpoint_last.pt)" if interrupted
+             else "from scratch")
+    log(f"{name}: training {begin} to {updates} updates "
         f"(load average {loadavg()})")
     t0 = time.time()
     cmd = train_command(args, s, data["bin"], run_dir)
