@@ -85,7 +85,39 @@ class HyperConnectionsOptions:
     compile: bool = False
 
 
-class HyperConnection(SublayerResidual):
+class StreamsConnection(SublayerResidual):
+    """What the multi-stream connections share (hyper-connections, mHC): :meth:`prepare` / :meth:`update` run the
+    subclass's ``prepare_streams`` / ``update_streams`` through ``torch.compile`` when built with ``compile`` and
+    training in eager mode (:func:`~fairseq_residual.stream_ops.compiled`, refused with :attr:`compile_flag` named
+    where it cannot run), as they are otherwise (evaluation, incremental decoding, TorchScript)."""
+
+    compile_flag = ""
+
+    def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        """:meth:`prepare_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
+        mode."""
+        if self.compile_training and self.training and not torch.jit.is_scripting():
+            return self._compiled_prepare(state)
+        return self.prepare_streams(state)
+
+    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        """:meth:`update_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
+        mode."""
+        if self.compile_training and self.training and not torch.jit.is_scripting():
+            return self._compiled_update(state, out)
+        return self.update_streams(state, out)
+
+    @torch.jit.unused
+    def _compiled_prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        return compiled(type(self).prepare_streams, self.compile_flag)(self, state)
+
+    @torch.jit.unused
+    def _compiled_update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+        return compiled(type(self).update_streams, self.compile_flag)(self, state, out)
+
+
+
+class HyperConnection(StreamsConnection):
     """One sub-layer's hyper-connection: state ``[H]`` with H the n streams, n x T x B x C; ``prepare`` mixes
     them into the branch input and the carried streams, ``update`` adds ``B[j] o`` to stream j.
 
@@ -94,6 +126,8 @@ class HyperConnection(SublayerResidual):
         streams: n. dynamic: add the dynamic connection. compile: run ``prepare`` / ``update`` through
             ``torch.compile`` in eager training (:data:`COMPILE_HELP`).
     """
+
+    compile_flag = "--hc-compile"
 
     NORM = NORM_INPUT
 
@@ -141,28 +175,6 @@ class HyperConnection(SublayerResidual):
         h = streams.permute(1, 2, 0, 3).reshape(t * b * n, c).to(dtype)
         coef = self._connection(h, n).expand(t * b, n, n + 2).reshape(t, b, n, n + 2).permute(2, 0, 1, 3)
         return coef[..., : n + 1], coef[..., n + 1]
-
-    def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
-        """:meth:`prepare_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
-        mode."""
-        if self.compile_training and self.training and not torch.jit.is_scripting():
-            return self._compiled_prepare(state)
-        return self.prepare_streams(state)
-
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
-        """:meth:`update_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
-        mode."""
-        if self.compile_training and self.training and not torch.jit.is_scripting():
-            return self._compiled_update(state, out)
-        return self.update_streams(state, out)
-
-    @torch.jit.unused
-    def _compiled_prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
-        return compiled(type(self).prepare_streams, "--hc-compile")(self, state)
-
-    @torch.jit.unused
-    def _compiled_update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
-        return compiled(type(self).update_streams, "--hc-compile")(self, state, out)
 
     def prepare_streams(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
         """One mixing product per position, ``[A_m | A_r]^T`` (n + 1 x n) times the streams (n x C): the branch

@@ -65,10 +65,10 @@ from typing import List, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..residual import NORM_INPUT, SublayerResidual
+from ..residual import NORM_INPUT
 from ..stream_ops import compiled, rms_projection, stream_update
 from .base import Option, ResidualScheme, SpeedGoal
-from .hyper_connections import COMPILE_HELP, StreamsStack
+from .hyper_connections import COMPILE_HELP, StreamsConnection, StreamsStack
 
 #: Sinkhorn-Knopp rounds (the paper's t_max)
 SINKHORN_ITERATIONS = 20
@@ -151,13 +151,15 @@ class MHCOptions:
     compile: bool = False
 
 
-class ManifoldHyperConnection(SublayerResidual):
+class ManifoldHyperConnection(StreamsConnection):
     """One sub-layer's mHC connection over the streams ``[H]`` (n x T x B x C).
 
     Args:
         site: the sub-layer. streams: n. compile: run ``prepare`` / ``update`` through ``torch.compile`` in eager
             training (:data:`~fairseq_residual.schemes.hyper_connections.COMPILE_HELP`).
     """
+
+    compile_flag = "--mhc-compile"
 
     NORM = NORM_INPUT
 
@@ -208,28 +210,6 @@ class ManifoldHyperConnection(SublayerResidual):
         pre, post, res = self._positions_last(streams.permute(1, 2, 0, 3).reshape(t * b, n * c).to(dtype), 1)
         return (pre.t().reshape(t, b, n), post.t().reshape(t, b, n),
                 res.permute(2, 0, 1).reshape(t, b, n, n))
-
-    def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
-        """:meth:`prepare_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
-        mode."""
-        if self.compile_training and self.training and not torch.jit.is_scripting():
-            return self._compiled_prepare(state)
-        return self.prepare_streams(state)
-
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
-        """:meth:`update_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
-        mode."""
-        if self.compile_training and self.training and not torch.jit.is_scripting():
-            return self._compiled_update(state, out)
-        return self.update_streams(state, out)
-
-    @torch.jit.unused
-    def _compiled_prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
-        return compiled(type(self).prepare_streams, "--mhc-compile")(self, state)
-
-    @torch.jit.unused
-    def _compiled_update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
-        return compiled(type(self).update_streams, "--mhc-compile")(self, state, out)
 
     def prepare_streams(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
         """One mixing product per position, ``[H_pre; H_res] (n + 1 x n)`` times the streams (n x C): the branch
