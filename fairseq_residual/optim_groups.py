@@ -7,10 +7,10 @@ fairseq already has the attribute: a parameter may carry ``optim_overrides``, a 
 parameters, ``fairseq/optim/fp16_optimizer.py``), but every other optimizer builds one parameter group from
 a flat list and ignores it. Loading the plugin wraps ``fairseq.optim.build_optimizer``, which the trainer,
 the fp16, memory-efficient fp16 and AMP wrappers all call: after fairseq built the optimizer, parameters
-with ``optim_overrides`` move out of their group into a group of their own with those settings (also where they
-agree with the group's: the groups depend on the model, not on the options' values) (the
-learning rate and the other settings copied from their group, so that schedulers, which set every group's
-``lr``, keep treating them alike). A flat fp16 master copy (``--fp16`` without
+with ``optim_overrides`` move out of their group into a group of their own with those settings, the learning
+rate and the other settings copied from their group, so that schedulers, which set every group's ``lr``, keep
+treating them alike. They move also where their settings agree with the group's: the groups then depend on the
+model, not on the options' values, and a run resumed with other options finds the groups it saved. A flat fp16 master copy (``--fp16`` without
 ``--fp16-no-flatten-grads``) holds no per-parameter attribute: a scheme that needs overrides refuses that
 combination itself (:func:`fairseq_residual.schemes.hyper_connections.refuse_flat_fp16_with_weight_decay`).
 """

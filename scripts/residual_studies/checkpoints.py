@@ -87,9 +87,8 @@ def upgrade_model_state(state):
     under other names (Admin's reference-named omegas, DLCL's ``history``), as loading the checkpoint into the
     model does (each scheme's ``upgrade_state_dict``), so that checkpoints of one run that cross such a change
     average. A checkpoint without the plugin's configuration (fairseq's stock transformer) is left as it is."""
-    model_cfg = (state.get("cfg") or {}).get("model") if isinstance(state.get("cfg"), dict) else None
-    if model_cfg is None:
-        model_cfg = getattr(state.get("cfg"), "model", None) or state.get("args")
+    cfg = state.get("cfg")  # as fairseq_residual.analyze.loading.checkpoint_scheme reads it
+    model_cfg = cfg["model"] if cfg is not None else state.get("args")
     if model_cfg is None or getattr(model_cfg, "residual_scheme", None) is None:
         return state
     from fairseq_residual.config import as_namespace, residual_options

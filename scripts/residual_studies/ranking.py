@@ -242,10 +242,11 @@ def equal_compute(out, results, budget):
     total = rate.get(BASELINE) and rate[BASELINE] * budget
     found = {}
     for row, mine in cells.items():
-        curves = [cell_curve(os.path.join(out, "cells", r["cell"])) for r in mine if r.get("cell")]
+        curves = [[tuple(p) for p in cell_curve(os.path.join(out, "cells", r["cell"]))] for r in mine if r.get("cell")]
         curves = [c for c in curves if c]
-        common = sorted(set.intersection(*(set(u for u, _ in c) for c in curves))) if curves else []
-        mean_curve = {u: mean_sd([dict(map(tuple, c))[u] for c in curves])[0] for u in common}
+        by_update = [dict(c) for c in curves]
+        common = sorted(set.intersection(*(set(d) for d in by_update))) if curves else []
+        mean_curve = {u: mean_sd([d[u] for d in by_update])[0] for u in common}
         stop = plateau(mean_curve, start=CURVE_PLATEAU_FROM)
         entry = dict(cpu_per_update=rate[row], curve=mean_curve, plateau=stop, updates=None, nll=None,
                      text=None, bound=False)
@@ -253,7 +254,7 @@ def equal_compute(out, results, budget):
             updates = total / rate[row]
             entry["bound"] = updates > budget
             entry["updates"] = min(updates, budget)
-            values = [_at([tuple(p) for p in c], entry["updates"]) for c in curves]
+            values = [_at(c, entry["updates"]) for c in curves]
             if curves and all(v is not None for v in values):
                 entry["nll"] = mean_sd(values)
                 entry["text"] = ms_text(values, 3)
