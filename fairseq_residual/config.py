@@ -90,7 +90,7 @@ def residual_options(args) -> SchemeOptions:
                 f"{' '.join(given)} or use --residual-scheme {scheme.name}"
             )
     selected.check_args(args)
-    return SchemeOptions(scheme=selected.name, params=selected.options(args),
+    return SchemeOptions(scheme=selected, params=selected.options(args),
                          encoder_layers=depth["encoder"][0], decoder_layers=depth["decoder"][0],
                          encoder_kept=depth["encoder"][1], decoder_kept=depth["decoder"][1])
 

@@ -54,7 +54,7 @@ class _ResidualStackMixin:
         # fairseq's name for the stack's dropout (--retain-dropout-modules TransformerEncoder / ...Decoder)
         self.dropout_module.module_name = DROPOUT_NAMES[self.stack]
         self.residual_options = cfg.residual_options
-        self.scheme = get_scheme(cfg.residual_options.scheme)
+        self.scheme = cfg.residual_options.scheme
         self.residual_scheme = self.scheme.name
         self.register_buffer(
             "residual_scheme_id", torch.tensor(self.scheme.scheme_id, dtype=torch.long)
@@ -134,7 +134,7 @@ class _ProtocolStackMixin(_ResidualStackMixin):
 
     def _build_protocol_layer(self, cfg, no_encoder_attn=False):
         options = cfg.residual_options
-        scheme = get_scheme(options.scheme)
+        scheme = options.scheme
         built = self._layers_built = getattr(self, "_layers_built", -1) + 1
         stack = self.stack
         # the layer's index and depth in the model as trained (--*-layers-to-keep builds a subset)
@@ -185,7 +185,7 @@ class ProtocolEncoder(_ProtocolStackMixin, TransformerEncoderBase):
 
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         if return_fc:
-            raise ValueError(f"return_fc is not supported with --residual-scheme {cfg.residual_options.scheme}")
+            raise ValueError(f"return_fc is not supported with --residual-scheme {cfg.residual_options.name}")
         super().__init__(cfg, dictionary, embed_tokens, return_fc=False)
         self._init_protocol(cfg, embed_tokens.embedding_dim)
 

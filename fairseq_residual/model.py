@@ -54,7 +54,7 @@ from .encoder_decoder import (
 )
 from .optimizer_order import record_saved_order
 from .pruning import prune_to_kept_layers
-from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, get_scheme
+from .schemes import DEFAULT_SCHEME, SCHEME_NAMES
 
 MODEL_NAME = "residual_transformer"
 
@@ -161,7 +161,7 @@ class ResidualTransformerModel(TransformerModel):
             if isinstance(keep, (list, tuple)):
                 setattr(args, f"{stack}_layers_to_keep", ",".join(str(i) for i in keep))
         options = residual_options(args)  # validated once per build (the stacks reuse it)
-        scheme = get_scheme(options.scheme)
+        scheme = options.scheme
         # The scheme decides LayerNorm placement: fairseq's normalize_before for Pre-LN-type schemes.
         args.encoder_normalize_before = args.decoder_normalize_before = scheme.normalize_before
         args._residual_options = options
@@ -172,20 +172,20 @@ class ResidualTransformerModel(TransformerModel):
             # fairseq's build sets --*-layers to the number of kept layers; the configuration saved with the
             # checkpoint keeps the trained depth, so that a model trained pruned reloads as the same sub-network
             args.encoder_layers, args.decoder_layers = options.encoder_layers, options.decoder_layers
-        scheme.initialize(model, args)
+        scheme.initialize(model, options)
         model.training_hook_pending = scheme.needs_training_hook
         return model
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         cfg = _transformer_config(args)
-        stack = ResidualTransformerEncoder if get_scheme(cfg.residual_options.scheme).fairseq_path else ProtocolEncoder
+        stack = ResidualTransformerEncoder if cfg.residual_options.scheme.fairseq_path else ProtocolEncoder
         return stack(cfg, src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = _transformer_config(args)
-        stack = ResidualTransformerDecoder if get_scheme(cfg.residual_options.scheme).fairseq_path else ProtocolDecoder
+        stack = ResidualTransformerDecoder if cfg.residual_options.scheme.fairseq_path else ProtocolDecoder
         return stack(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
     #: True until the scheme's training hook (:meth:`ResidualScheme.training_hook`) ran on the first

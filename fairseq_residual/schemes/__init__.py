@@ -30,12 +30,14 @@ if len(_BY_NAME) != len(SCHEMES) or len(_BY_ID) != len(SCHEMES):
     raise RuntimeError("two residual schemes share a name or a scheme_id: each must be unique")
 
 
-def get_scheme(name: str) -> ResidualScheme:
-    """The scheme registered as ``name``.
+def get_scheme(name) -> ResidualScheme:
+    """The scheme registered as ``name`` (a :class:`ResidualScheme` given instead is returned as it is).
 
     Raises:
         ValueError: no such scheme, naming the choices and the flag.
     """
+    if isinstance(name, ResidualScheme):
+        return name
     try:
         return _BY_NAME[name]
     except (KeyError, TypeError):

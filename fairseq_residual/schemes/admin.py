@@ -305,10 +305,10 @@ class Admin(ResidualScheme):
             )
         return AdminStack(stack, num_layers, embed_dim, 2 if stack == "encoder" else 3)
 
-    def initialize(self, model, args):
-        """Apply ``--admin-profile`` (when its file exists; a missing file fails at the first training
-        batch, so that a checkpoint still loads for generation where the file is gone)."""
-        path = getattr(args, "admin_profile", None) or None
+    def initialize(self, model, options):
+        """Apply ``--admin-profile`` (:attr:`AdminOptions.profile`; when its file exists: a missing file fails at the
+        first training batch, so that a checkpoint still loads for generation where the file is gone)."""
+        path = options.params.profile
         model.admin_profile_path = path
         if path is not None and os.path.exists(path):
             enc, dec = read_profile(path, len(model.encoder.layers), len(model.decoder.layers))

@@ -90,7 +90,7 @@ class B2T(ResidualScheme):
     def sublayer_residual(self, cfg, site):
         return B2TResidual(site)
 
-    def initialize(self, model, args):
+    def initialize(self, model, options):
         """Multiply every layer weight but the LayerNorms' by ``L^(-1/2)`` (encoder: L = N, decoder: M)."""
         for stack in ("encoder", "decoder"):
             layers = getattr(model, stack).layers

@@ -34,11 +34,12 @@ class OptionError(ValueError):
 
 @dataclass(frozen=True)
 class SchemeOptions:
-    """The validated residual options of one model: the scheme's name, its own constants, and which layers
-    of the trained model each stack holds.
+    """The validated residual options of one model: the scheme, its own constants, and which layers of the
+    trained model each stack holds. The one object the stacks, their layers and :meth:`ResidualScheme.initialize`
+    read the scheme from (it is resolved from ``--residual-scheme`` once per build).
 
     Attributes:
-        scheme: the scheme's registry name (``--residual-scheme``).
+        scheme: the selected :class:`ResidualScheme` (a registry name given here is resolved to it).
         params: the scheme's own options (a frozen dataclass defined by the scheme module, or None).
         encoder_layers, decoder_layers: the depth N, M of the model as trained.
         encoder_kept, decoder_kept: the indices (in the trained model) of the layers this model holds: all of
@@ -46,15 +47,26 @@ class SchemeOptions:
             model), so that a kept layer's residual keeps its index and depth constants.
     """
 
-    scheme: str
+    scheme: "ResidualScheme"
     params: Any = None
     encoder_layers: int = 0
     decoder_layers: int = 0
     encoder_kept: Tuple[int, ...] = ()
     decoder_kept: Tuple[int, ...] = ()
 
+    def __post_init__(self):
+        if isinstance(self.scheme, str):
+            from . import get_scheme  # the registry imports this module
+
+            object.__setattr__(self, "scheme", get_scheme(self.scheme))
+
+    @property
+    def name(self) -> str:
+        """The scheme's registry name (``--residual-scheme``)."""
+        return self.scheme.name
+
     def depth(self, stack: str) -> int:
-        """N or M of the model as trained."""
+        """N or M of the model as trained: the one source of a scheme's depth constants."""
         return self.encoder_layers if stack == "encoder" else self.decoder_layers
 
     def kept(self, stack: str) -> Tuple[int, ...]:
@@ -312,8 +324,10 @@ class ResidualScheme:
 
         return ResidualDecoderLayer(cfg, residuals, no_encoder_attn=no_encoder_attn, scheme=self.name)
 
-    def initialize(self, model, args) -> None:
-        """Re-initialise parameters after fairseq's own initialisation (depth-scaled schemes)."""
+    def initialize(self, model, options: SchemeOptions) -> None:
+        """Re-initialise parameters after fairseq's own initialisation (depth-scaled schemes); ``options`` are the
+        model's validated options (:class:`SchemeOptions`: this scheme's constants in ``options.params``, the
+        trained depth in ``options.depth(stack)``)."""
 
     #: True when :meth:`training_hook` must run before the first training forward of a new model
     needs_training_hook: bool = False
@@ -327,6 +341,12 @@ class ResidualScheme:
     def upgrade_state_dict(self, state_dict, prefix: str, stack: str, options: SchemeOptions) -> None:
         """Rename the parameters of older checkpoints of this scheme in place (keys start with ``prefix``,
         e.g. ``encoder.``); ``options`` say which trained layers the loading model keeps."""
+
+    def __reduce__(self):
+        """Copies and pickles (of the options that carry it) are the registered scheme itself."""
+        from . import get_scheme
+
+        return get_scheme, (self.name,)
 
     def __repr__(self):
         return f"<residual scheme {self.name} ({self.label})>"

@@ -90,9 +90,10 @@ class DeepNorm(ResidualScheme):
     def sublayer_residual(self, cfg, site):
         return DeepNormResidual(site)
 
-    def initialize(self, model, args):
-        """Multiply fc1, fc2, v_proj and out_proj (weights and biases) of each stack by its beta."""
-        const = deepnorm_constants(len(model.encoder.layers), len(model.decoder.layers))
+    def initialize(self, model, options):
+        """Multiply fc1, fc2, v_proj and out_proj (weights and biases) of each stack by its beta, from the trained
+        N and M (``options``), the depth the sub-layers' alpha is computed from (:class:`~fairseq_residual.residual.Site`)."""
+        const = deepnorm_constants(options.depth("encoder"), options.depth("decoder"))
         for stack in ("encoder", "decoder"):
             beta = const[f"{stack}_beta"]
             for name, param in getattr(model, stack).layers.named_parameters():

@@ -106,7 +106,7 @@ class TFixup(ResidualScheme):
     def sublayer_residual(self, cfg, site):
         return PlainResidual(site)
 
-    def initialize(self, model, args):
+    def initialize(self, model, options):
         """Re-draw fc1/fc2 (xavier_uniform, bias 0), then scale layer weights and token embeddings."""
         const = t_fixup_constants(len(model.encoder.layers), len(model.decoder.layers))
         for stack in ("encoder", "decoder"):
