@@ -77,19 +77,39 @@ def warn_fp16_without_cuda(args):
         )
 
 
-#: the names --retain-dropout-modules accepts, each mapped to the module_name this model's dropout modules
-#: carry (fairseq's): fairseq's classes (legacy and base) and this plugin's
-RETAIN_DROPOUT_NAMES = {
-    **{n: DROPOUT_NAMES["encoder"] for n in ("TransformerEncoder", "TransformerEncoderBase",
-                                             "ResidualTransformerEncoder", "ProtocolEncoder")},
-    **{n: DROPOUT_NAMES["decoder"] for n in ("TransformerDecoder", "TransformerDecoderBase",
-                                             "ResidualTransformerDecoder", "ProtocolDecoder")},
-    **{n: DROPOUT_NAMES["encoder_layer"] for n in ("TransformerEncoderLayer", "TransformerEncoderLayerBase",
-                                                   "ResidualEncoderLayer", "HybridNormEncoderLayer")},
-    **{n: DROPOUT_NAMES["decoder_layer"] for n in ("TransformerDecoderLayer", "TransformerDecoderLayerBase",
-                                                   "ResidualDecoderLayer", "HybridNormDecoderLayer")},
-    "MultiheadAttention": DROPOUT_NAMES["attention"],
-}
+def _plugin_subclasses(cls):
+    """The classes of this plugin that subclass ``cls`` (at any depth), in definition order."""
+    found = []
+    for sub in cls.__subclasses__():
+        if sub.__module__.split(".")[0] == __name__.split(".")[0]:
+            found.append(sub)
+        found += [c for c in _plugin_subclasses(sub) if c not in found]
+    return found
+
+
+def retain_dropout_names():
+    """The names ``--retain-dropout-modules`` accepts, each mapped to the ``module_name`` this model's dropout
+    modules carry (fairseq's): per part of the transformer, fairseq's classes (base and legacy) and every class
+    of this plugin that subclasses fairseq's, read from the classes (a scheme's own layer classes included)."""
+    from fairseq.models.transformer import (TransformerDecoder, TransformerDecoderBase, TransformerEncoder,
+                                            TransformerEncoderBase)
+    from fairseq.modules.transformer_layer import (TransformerDecoderLayer, TransformerDecoderLayerBase,
+                                                   TransformerEncoderLayer, TransformerEncoderLayerBase)
+
+    parts = {"encoder": (TransformerEncoderBase, TransformerEncoder),
+             "decoder": (TransformerDecoderBase, TransformerDecoder),
+             "encoder_layer": (TransformerEncoderLayerBase, TransformerEncoderLayer),
+             "decoder_layer": (TransformerDecoderLayerBase, TransformerDecoderLayer)}
+    names = {}
+    for part, (base, legacy) in parts.items():
+        for cls in (base, legacy, *_plugin_subclasses(base)):
+            names[cls.__name__] = DROPOUT_NAMES[part]
+    names["MultiheadAttention"] = DROPOUT_NAMES["attention"]
+    return names
+
+
+#: :func:`retain_dropout_names` of the classes defined at import (every registered scheme's)
+RETAIN_DROPOUT_NAMES = retain_dropout_names()
 
 
 def _transformer_config(args):

@@ -85,3 +85,20 @@ def test_resi_dual_returns_cross_attention_averaged_over_heads(alignment_heads):
     torch.testing.assert_close(attn, expected.float())
     torch.testing.assert_close(attn.sum(-1), torch.ones_like(attn.sum(-1)))  # still distributions
     assert not torch.allclose(heads[0], heads[1])  # the heads differ: averaging is not a no-op
+
+
+def test_retain_dropout_names_follow_the_layer_classes():
+    """``--retain-dropout-modules`` accepts the class name of every layer class of the plugin (a scheme's own,
+    as HybridNorm's), read from the classes: a new scheme's layer class is accepted without a list to edit."""
+    from fairseq_residual.layers import ResidualDecoderLayer, ResidualEncoderLayer
+    from fairseq_residual.model import RETAIN_DROPOUT_NAMES, retain_dropout_names
+    from fairseq_residual.schemes.hybrid_norm import HybridNormDecoderLayer, HybridNormEncoderLayer
+
+    assert RETAIN_DROPOUT_NAMES["HybridNormEncoderLayer"] == RETAIN_DROPOUT_NAMES["TransformerEncoderLayer"]
+    assert {HybridNormEncoderLayer.__name__, HybridNormDecoderLayer.__name__} <= set(RETAIN_DROPOUT_NAMES)
+    module = "fairseq_residual.schemes.a_new_scheme"
+    enc = type("NewSchemeEncoderLayer", (ResidualEncoderLayer,), {"__module__": module})
+    dec = type("NewSchemeDecoderLayer", (ResidualDecoderLayer,), {"__module__": module})
+    names = retain_dropout_names()
+    assert names[enc.__name__] == "TransformerEncoderLayerBase" and names[dec.__name__] == "TransformerDecoderLayerBase"
+    assert "NewSchemeEncoderLayer" not in RETAIN_DROPOUT_NAMES  # the constant: the classes defined at import
