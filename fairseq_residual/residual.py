@@ -30,7 +30,7 @@ The layers that run this protocol are :mod:`fairseq_residual.layers`, the loops 
 :mod:`fairseq_residual.encoder_decoder`; both are shared by every scheme, and TorchScript compiles them.
 """
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -76,6 +76,26 @@ class Site:
     embed_dim: int
     encoder_layers: int
     decoder_layers: int
+
+
+@dataclass(frozen=True)
+class StreamRange:
+    """An extra stream of the state whose range against fp16's the analysis tool reports
+    (``fairseq-residual-analyze``'s ``dual_stream``: the largest magnitude after each layer, the headroom, and the
+    largest scale from the 1-2-5 series that keeps the stream within a fraction of fp16's largest value), as a
+    stack residual declares it (:meth:`StackResidual.ranged_stream`).
+
+    Attributes:
+        name: the stream's name among :meth:`StackResidual.streams`.
+        scale: the constant the stream is built scaled by (ResiDual's c, ``--resi-dual-scale``): the stream is
+            linear in it, so the measured stream divided by it is the stream at scale 1.
+        norm_eps: the eps, at scale 1, of the LayerNorm that reads the stream (ResiDual's ``LN_final``), whose
+            ratio to the stream's smallest variance the report gives; None when no LayerNorm reads it.
+    """
+
+    name: str
+    scale: float = 1.0
+    norm_eps: Optional[float] = None
 
 
 def with_main(state: List[Tensor], x: Tensor) -> List[Tensor]:
@@ -170,5 +190,13 @@ class StackResidual(nn.Module):
 
     @torch.jit.unused
     def streams(self, state: List[Tensor]) -> Dict[str, Tensor]:
-        """Extra named streams of the state after a layer, for analysis (``{}`` for one stream)."""
+        """Extra named streams of the state after a layer, each T x B x C, for analysis (``{}`` for one
+        stream): the analysis tool reports the cosine of each between consecutive layers and, for several
+        streams, how alike they are."""
         return {}
+
+    @torch.jit.unused
+    def ranged_stream(self):
+        """The :class:`StreamRange` of the extra stream whose fp16 range the analysis tool reports (one of
+        :meth:`streams`), or None (the default: no stream of this scheme has a range to watch)."""
+        return None

@@ -250,6 +250,27 @@ def test_numbers_match_direct_computation(analysis, data, scheme):
         assert got["dual_stream"] is None and got["cosine_consecutive_dual"] is None
 
 
+def test_the_range_report_follows_the_stream_a_scheme_declares(data, monkeypatch):
+    """The ``dual_stream`` report is of the stream the stack residual declares (``ranged_stream``), whatever the
+    scheme: SiameseNorm made to declare its stream y (scale 2, no LayerNorm eps) is reported like ResiDual's x_d."""
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    from fairseq_residual.analyze import analyze_model
+    from fairseq_residual.residual import StreamRange
+    from fairseq_residual.schemes.siamese_norm import SiameseStack
+
+    monkeypatch.setattr(SiameseStack, "ranged_stream", lambda self: StreamRange("y", scale=2.0), raising=False)
+    model, task, batches = _build(data, "siamese_norm")
+    got = analyze_model(model, LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1),
+                        batches)
+    assert got["cosine_consecutive_dual"] == got["cosine_consecutive_streams"]["y"]
+    for s in ("encoder", "decoder"):
+        dual = got["dual_stream"][s]
+        assert len(dual["max_abs"]) == LAYERS and min(dual["max_abs"]) > 0
+        assert dual["scale"] == 2.0 and dual["max_abs_unscaled"] == dual["max_abs_peak"] / 2.0
+        assert dual["ln_eps_relative"] is None  # no LayerNorm reads it
+
+
 # ------------------------------------------------------------------------------------------------
 # (2) the paper's claims, on the tiny deep model at initialisation
 

@@ -38,7 +38,9 @@ What is measured (``analysis.json``, and one PNG per quantity with every model o
   mHC the distance ``||M - I||_F / sqrt(n)`` of the layer's effective stream mixing M (the product of its
   sub-layers' mixings, h' = M h, averaged over the real tokens) from the identity: streams that stay alike
   with a mixing near the identity are the "stream collapse" of arXiv 2606.03483. Plot ``streams.png``.
-* ``dual_stream`` (ResiDual only): ``max_abs``, the largest ``|x_d|`` after each layer over all
+* ``dual_stream`` (the stream a scheme's stack residual declares ranged,
+  :meth:`~fairseq_residual.residual.StackResidual.ranged_stream`: ResiDual's ``x_d``, the only one today;
+  None for the other schemes): ``max_abs``, the largest ``|x_d|`` after each layer over all
   positions (padding included: an overflow there is just as fatal), the ``headroom`` to fp16's
   largest value 65504 (``config.FP16_MAX``), and ``safe_scale``, the ``--resi-dual-scale`` this rule
   recommends:

@@ -1,6 +1,8 @@
 """The measurements of ``fairseq-residual-analyze``: per-layer gradient norms, consecutive-layer cosine
-similarity and ResiDual's dual-stream range (see the package docstring), and the ``--resi-dual-scale``
-rule."""
+similarity, the extra streams a scheme names and the fp16 range of the one it declares ranged (ResiDual's dual
+stream; see the package docstring), and the ``--resi-dual-scale`` rule. What a scheme's state holds is read
+from its stack residual (:meth:`~fairseq_residual.residual.StackResidual.streams`,
+:meth:`~fairseq_residual.residual.StackResidual.ranged_stream`), never named here."""
 import math
 
 import torch
@@ -8,7 +10,6 @@ import torch
 from ..config import FP16_MAX
 from ..schemes import SCHEME_NAMES as SCHEMES
 from ..schemes import stock_scheme
-from ..schemes.resi_dual import FINAL_LN_EPS as RESI_DUAL_FINAL_LN_EPS
 from .common import HOOKED_MODULE, STACKS, SUBLAYERS
 
 # ---------------------------------------------------------------------------------------------
@@ -108,8 +109,11 @@ class LayerStatistics:
         self.mixing = {s: [[] for _ in range(n_layers[s])] for s in STACKS}  # per layer: [(batch weight, M)]
         self._masks = {}
         self.cos_count = {s: zeros(max(n_layers[s] - 1, 0)) for s in STACKS}  # token positions per pair
-        self.dual_max = {s: zeros(n_layers[s]) for s in STACKS}
-        self.dual_min_var = {s: math.inf for s in STACKS}
+        # the stream each stack declares ranged (StackResidual.ranged_stream), its largest magnitude per layer
+        # and its smallest per-position variance after the top layer
+        self.ranged = {s: _ranged_stream(stack) for s, stack in self.stacks.items()}
+        self.range_max = {s: zeros(n_layers[s]) for s in STACKS}
+        self.range_min_var = {s: math.inf for s in STACKS}
         self.loss_sum = self.nll_sum = 0.0
         self.sentences = self.src_tokens = self.batches = 0
 
@@ -231,13 +235,15 @@ class LayerStatistics:
                 cos = sum(torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1) for a, b in pairs)
                 self.between_sum[s][i] += float((cos / len(pairs))[mask].double().sum())
                 self.between_count[s][i] += int(mask.sum())
-            dual = [None if o is None else o[1].get("x_d") for o in outs]
-            for i, x_d in enumerate(dual):
-                if x_d is not None:
-                    self.dual_max[s][i] = max(float(self.dual_max[s][i]), float(x_d.abs().max()))
-            if dual and dual[-1] is not None:
-                top = dual[-1].float().var(dim=-1, unbiased=False)  # T x B
-                self.dual_min_var[s] = min(self.dual_min_var[s], float(top[mask].min()))
+            ranged = self.ranged[s]
+            if ranged is not None:
+                values = [None if o is None else o[1].get(ranged.name) for o in outs]
+                for i, t in enumerate(values):
+                    if t is not None:
+                        self.range_max[s][i] = max(float(self.range_max[s][i]), float(t.abs().max()))
+                if values and values[-1] is not None:
+                    top = values[-1].float().var(dim=-1, unbiased=False)  # T x B
+                    self.range_min_var[s] = min(self.range_min_var[s], float(top[mask].min()))
         captured.clear()
 
     def result(self):
@@ -281,9 +287,10 @@ class LayerStatistics:
         result["mixing_distance"] = None
         if any(any(per) for s in STACKS for per in self.mixing[s]):
             result["mixing_distance"] = {s: [_mixing_distance(per) for per in self.mixing[s]] for s in STACKS}
-        if "x_d" in result["cosine_consecutive_streams"]:  # ResiDual's dual stream and its fp16 range
-            result["cosine_consecutive_dual"] = result["cosine_consecutive_streams"]["x_d"]
-            result["dual_stream"] = {s: _dual_report(self.stacks[s], self.dual_max[s], self.dual_min_var[s],
+        ranged = {s: r for s, r in self.ranged.items() if r is not None}
+        if len(ranged) == len(STACKS) and ranged["encoder"].name in result["cosine_consecutive_streams"]:
+            result["cosine_consecutive_dual"] = result["cosine_consecutive_streams"][ranged["encoder"].name]
+            result["dual_stream"] = {s: _range_report(ranged[s], self.range_max[s], self.range_min_var[s],
                                                      self.safety) for s in STACKS}
         return result
 
@@ -319,15 +326,24 @@ def _mean_or_none(total, count):
     return [float(t / n) if n > 0 else None for t, n in zip(total.tolist(), count.tolist())]
 
 
-def _dual_report(stack, max_abs, min_var, safety):
-    c = float(stack.residual.dual_scale)
+def _ranged_stream(stack):
+    """The :class:`~fairseq_residual.residual.StreamRange` ``stack``'s residual declares, or None (a stack of
+    fairseq's own code has no residual object)."""
+    residual = getattr(stack, "residual", None)
+    return None if residual is None else residual.ranged_stream()
+
+
+def _range_report(ranged, max_abs, min_var, safety):
+    """The fp16 range of the stream ``ranged`` (a :class:`~fairseq_residual.residual.StreamRange`) from its
+    largest magnitude per layer and its smallest variance after the top layer."""
+    c = float(ranged.scale)
     peak = float(max_abs.max()) if len(max_abs) else 0.0
     unscaled = peak / c
     safe = safe_dual_scale(unscaled, safety)
     var_unscaled = min_var / (c * c)
     eps_rel = None
-    if safe is not None and var_unscaled > 0:
-        eps_rel = RESI_DUAL_FINAL_LN_EPS / var_unscaled  # LN_final's eps scales with c^2: the same for every c
+    if safe is not None and var_unscaled > 0 and ranged.norm_eps is not None:
+        eps_rel = ranged.norm_eps / var_unscaled  # the LayerNorm's eps scales with c^2: the same for every c
     return {
         "scale": c,
         "max_abs": max_abs.tolist(),

@@ -34,7 +34,7 @@ from typing import Dict, List
 import torch
 from torch import Tensor
 
-from ..residual import NORM_OUTPUT, StackResidual, SublayerResidual
+from ..residual import NORM_OUTPUT, StackResidual, StreamRange, SublayerResidual
 from .base import Option, ResidualScheme
 
 #: eps of ResiDual's final LayerNorm over the dual stream at c = 1 (the authors' value; fairseq's default is
@@ -143,6 +143,12 @@ class ResiDualStack(StackResidual):
     @torch.jit.unused
     def streams(self, state: List[Tensor]) -> Dict[str, Tensor]:
         return {"x_d": state[1]}
+
+    @torch.jit.unused
+    def ranged_stream(self):
+        """``x_d``, scaled by c, read by ``LN_final`` (eps :data:`FINAL_LN_EPS` at c = 1): the analysis tool's
+        ``dual_stream`` report and its ``--resi-dual-scale`` rule."""
+        return StreamRange("x_d", scale=self.dual_scale, norm_eps=FINAL_LN_EPS)
 
     def extra_repr(self):
         return f"c={self.dual_scale:g}, alpha={self.resi_dual_alpha:g}, start={'zeros' if self.dual_start_zeros else 'embedding'}"
