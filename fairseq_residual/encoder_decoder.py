@@ -9,7 +9,8 @@ Two kinds of stack, chosen by the scheme (:attr:`~fairseq_residual.schemes.base.
 * :class:`ProtocolEncoder` / :class:`ProtocolDecoder`: the one loop of every other scheme, over the layers
   of :mod:`fairseq_residual.layers` and the residual protocol of :mod:`fairseq_residual.residual`: the
   stack's :class:`~fairseq_residual.residual.StackResidual` (``encoder.residual``, ``decoder.residual``)
-  starts the state from the embedding output, passes it between layers and ends it; ``layer_norm`` is the
+  starts the state from the embedding output, passes it between layers and ends it, and the protocol's
+  context goes from layer to layer, empty at the start of every forward pass; ``layer_norm`` is the
   scheme's final LayerNorm (or None). fairseq's bookkeeping is kept: padding, ``return_all_hiddens``
   (``encoder_states`` / ``inner_states`` hold the residual's :meth:`view` after each layer), the
   alignment layer's attention averaged over heads, layer-drop, incremental decoding (fairseq's attention
@@ -218,8 +219,9 @@ class ProtocolEncoder(_ProtocolStackMixin, TransformerEncoderBase):
         if return_all_hiddens:
             encoder_states.append(x)
         state = self.residual.start(x)
+        ctx: Dict[str, Tensor] = {}  # the protocol's context, from layer to layer (empty for most schemes)
         for idx, layer in enumerate(self.layers):
-            state = layer(state, encoder_padding_mask=padding_mask)
+            state, ctx = layer(state, encoder_padding_mask=padding_mask, ctx=ctx)
             if return_all_hiddens:
                 encoder_states.append(self.residual.view(state))
             state = self.residual.between(idx, state)
@@ -316,8 +318,9 @@ class ProtocolDecoder(_ProtocolStackMixin, TransformerDecoderBase):
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
         state = self.residual.start(x)
+        ctx: Dict[str, Tensor] = {}  # the protocol's context, from layer to layer (empty for most schemes)
         for idx, layer in enumerate(self.layers):
-            state, layer_attn = layer(
+            state, layer_attn, ctx = layer(
                 state,
                 enc,
                 padding_mask,
@@ -326,6 +329,7 @@ class ProtocolDecoder(_ProtocolStackMixin, TransformerDecoderBase):
                 self_attn_padding_mask=self_attn_padding_mask,
                 need_attn=bool(idx == alignment_layer),
                 need_head_weights=bool(idx == alignment_layer),
+                ctx=ctx,
             )
             inner_states.append(self.residual.view(state))
             if layer_attn is not None and idx == alignment_layer:

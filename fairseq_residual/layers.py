@@ -9,15 +9,21 @@ draws as fairseq's layers), quant-noise and FSDP wrapping are fairseq's. Per sub
 pass is::
 
     state = [LN(state[0])] + state[1:]      if the residual's NORM is NORM_STREAM
-    x, state = residual.prepare(state)
+    x, state = residual.prepare(state, ctx)
     x = LN(x) * residual.input_scale         (LN only if NORM is NORM_INPUT)
-    h = dropout(F(x))
-    state = residual.update(state, h)
+    h = dropout(F(x, ctx))                   (attention: attend_self / attend_encoder, given the context)
+    state = residual.update(state, h, ctx)
     state = [LN(state[0])] + state[1:]      if NORM is NORM_OUTPUT
 
-with ``LN`` the sub-layer's own LayerNorm (removed from the layer when NORM is NORM_NONE). A layer takes
-and returns the residual state (a list of tensors); the decoder layer also returns the cross-attention
-weights. Activation checkpointing (``--checkpoint-activations``, ``--offload-activations``) is done here
+with ``LN`` the sub-layer's own LayerNorm (removed from the layer when NORM is NORM_NONE) and ``ctx`` the
+context of the residual protocol (:mod:`fairseq_residual.residual`). A layer takes the residual state (a
+list of tensors) and the context, and returns both (the decoder layer also the cross-attention weights); it
+adds to a copy of the context it was given. The attention of a branch is a method of the layer
+(:meth:`_ResidualLayer.attend_self`, :meth:`_ResidualLayer.attend_encoder`): fairseq's ``MultiheadAttention``
+over the branch input, reading nothing from the context; a scheme whose attention takes per-branch inputs or
+extra tensors from the context, or hands back intermediates, gives its own layer classes (as HybridNorm does)
+that override them, and :meth:`_ResidualLayer.branch_input` normalises a per-branch input as the branch
+input is. Activation checkpointing (``--checkpoint-activations``, ``--offload-activations``) is done here
 with torch's non-reentrant checkpoint, which follows the tensors inside the state list (fairseq's
 ``checkpoint_wrapper`` passes only positional tensors through its autograd function).
 
@@ -120,6 +126,45 @@ class _ResidualLayer:
             return with_main(state, self._norm(slot, state[0]))
         return state
 
+    def branch_input(self, slot: int, x: Tensor) -> Tensor:
+        """``x`` (T x B x C) as the branch of sub-layer ``slot`` reads its input: the sub-layer's LayerNorm when
+        its NORM is NORM_INPUT, times its input scale; for a per-branch input a scheme put in the context."""
+        return self._input(slot, x)
+
+    def attend_self(
+        self,
+        x: Tensor,
+        ctx: Dict[str, Tensor],
+        key_padding_mask: Optional[Tensor],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
+        attn_mask: Optional[Tensor],
+    ) -> Tensor:
+        """The self-attention of the branch, T x B x C (before dropout): fairseq's ``MultiheadAttention`` with
+        ``x`` (T x B x C, the normalised branch input) as queries, keys and values; ``ctx`` is not read.
+        ``key_padding_mask`` B x T, ``attn_mask`` the additive T x T mask (or None), ``incremental_state``
+        fairseq's cache (decoder) or None. A scheme's layer class overrides it to take per-branch inputs or
+        extra tensors from ``ctx`` and to add intermediates to it."""
+        out, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=key_padding_mask,
+                                incremental_state=incremental_state, need_weights=False, attn_mask=attn_mask)
+        return out
+
+    def attend_encoder(
+        self,
+        x: Tensor,
+        ctx: Dict[str, Tensor],
+        encoder_out: Tensor,
+        encoder_padding_mask: Optional[Tensor],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
+        need_weights: bool,
+        need_head_weights: bool,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """The cross-attention of the branch: ``(output T x B x C before dropout, weights or None)``, fairseq's
+        ``MultiheadAttention`` with queries ``x`` (T x B x C) and keys and values the encoder output (S x B x C,
+        ``encoder_padding_mask`` B x S); ``ctx`` is not read (overridable as :meth:`attend_self`)."""
+        return self.encoder_attn(query=x, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
+                                 incremental_state=incremental_state, static_kv=True, need_weights=need_weights,
+                                 need_head_weights=need_head_weights)
+
     def _ffn(self, x: Tensor) -> Tensor:
         """``h = dropout(fc2(act_dropout(act(fc1(x)))))``, T x B x C."""
         x = self.activation_fn(self.fc1(x))
@@ -153,42 +198,51 @@ class ResidualEncoderLayer(_ResidualLayer, TransformerEncoderLayerBase):
         self._init_residuals(residuals, cfg.checkpoint_activations, cfg.offload_activations)
 
     def forward(
-        self, state: List[Tensor], encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None
-    ) -> List[Tensor]:
+        self,
+        state: List[Tensor],
+        encoder_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor] = None,
+        ctx: Optional[Dict[str, Tensor]] = None,
+    ) -> Tuple[List[Tensor], Dict[str, Tensor]]:
         """
         Args:
             state: the residual state (element 0: T x B x C, or n x T x B x C for n streams).
             encoder_padding_mask: B x T, True at padding, or None.
             attn_mask: T x T, 1 where attention is forbidden (fairseq's convention), or None.
+            ctx: the context of the residual protocol from the layer below (None: empty).
 
         Returns:
-            the residual state after the layer.
+            ``(state, ctx)``: the residual state after the layer and the context with what the layer added.
         """
+        if ctx is None:
+            ctx = {}
         if self.checkpoint_activations and self.training and not torch.jit.is_scripting():
-            return self._checkpointed_forward(state, encoder_padding_mask, attn_mask)
-        return self._forward(state, encoder_padding_mask, attn_mask)
+            return self._checkpointed_forward(state, encoder_padding_mask, attn_mask, ctx)
+        return self._forward(state, encoder_padding_mask, attn_mask, ctx)
 
     @torch.jit.unused
     def _checkpointed_forward(
-        self, state: List[Tensor], encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor]
-    ) -> List[Tensor]:
-        return checkpointed(self._forward, state, encoder_padding_mask, attn_mask,
+        self, state: List[Tensor], encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor],
+        ctx: Dict[str, Tensor],
+    ) -> Tuple[List[Tensor], Dict[str, Tensor]]:
+        return checkpointed(self._forward, state, encoder_padding_mask, attn_mask, ctx,
                             offload=self.offload_activations)
 
     def _forward(
-        self, state: List[Tensor], encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor]
-    ) -> List[Tensor]:
+        self, state: List[Tensor], encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor],
+        ctx: Dict[str, Tensor],
+    ) -> Tuple[List[Tensor], Dict[str, Tensor]]:
+        ctx = ctx.copy()  # the caller's (and a recomputation's) context stays as it was
         state = self._before(0, state)
-        x, state = self.self_attn_residual.prepare(state)
+        x, state = self.self_attn_residual.prepare(state, ctx)
         x = self._input(0, x)
-        x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=encoder_padding_mask,
-                              need_weights=False, attn_mask=additive_attn_mask(attn_mask, x))
-        state = self._after(0, self.self_attn_residual.update(state, self.dropout_module(x)))
+        x = self.attend_self(x, ctx, encoder_padding_mask, None, additive_attn_mask(attn_mask, x))
+        state = self._after(0, self.self_attn_residual.update(state, self.dropout_module(x), ctx))
 
         state = self._before(2, state)
-        x, state = self.ffn_residual.prepare(state)
-        state = self.ffn_residual.update(state, self._ffn(self._input(2, x)))
-        return self._after(2, state)
+        x, state = self.ffn_residual.prepare(state, ctx)
+        state = self.ffn_residual.update(state, self._ffn(self._input(2, x)), ctx)
+        return self._after(2, state), ctx
 
 
 class ResidualDecoderLayer(_ResidualLayer, TransformerDecoderLayerBase):
@@ -218,7 +272,8 @@ class ResidualDecoderLayer(_ResidualLayer, TransformerDecoderLayerBase):
         self_attn_padding_mask: Optional[Tensor] = None,
         need_attn: bool = False,
         need_head_weights: bool = False,
-    ) -> Tuple[List[Tensor], Optional[Tensor]]:
+        ctx: Optional[Dict[str, Tensor]] = None,
+    ) -> Tuple[List[Tensor], Optional[Tensor], Dict[str, Tensor]]:
         """
         Args:
             state: the residual state (element 0: T x B x C; T = 1 in incremental decoding).
@@ -228,17 +283,21 @@ class ResidualDecoderLayer(_ResidualLayer, TransformerDecoderLayerBase):
             self_attn_mask: T x T additive future mask, or None (incremental decoding).
             self_attn_padding_mask: B x T, True at padding, or None.
             need_attn, need_head_weights: return the cross-attention weights (as fairseq's layer).
+            ctx: the context of the residual protocol from the layer below (None: empty).
 
         Returns:
-            ``(state, attn)``: the residual state after the layer and the cross-attention weights
-            (heads x B x T x S with ``need_head_weights``, B x T x S with ``need_attn``) or None.
+            ``(state, attn, ctx)``: the residual state after the layer, the cross-attention weights
+            (heads x B x T x S with ``need_head_weights``, B x T x S with ``need_attn``) or None, and the context
+            with what the layer added.
         """
+        if ctx is None:
+            ctx = {}
         if self.checkpoint_activations and self.training and not torch.jit.is_scripting():
             return self._checkpointed_forward(state, encoder_out, encoder_padding_mask, incremental_state,
                                               self_attn_mask, self_attn_padding_mask, need_attn,
-                                              need_head_weights)
+                                              need_head_weights, ctx)
         return self._forward(state, encoder_out, encoder_padding_mask, incremental_state, self_attn_mask,
-                             self_attn_padding_mask, need_attn, need_head_weights)
+                             self_attn_padding_mask, need_attn, need_head_weights, ctx)
 
     @torch.jit.unused
     def _checkpointed_forward(
@@ -251,9 +310,10 @@ class ResidualDecoderLayer(_ResidualLayer, TransformerDecoderLayerBase):
         self_attn_padding_mask: Optional[Tensor],
         need_attn: bool,
         need_head_weights: bool,
-    ) -> Tuple[List[Tensor], Optional[Tensor]]:
+        ctx: Dict[str, Tensor],
+    ) -> Tuple[List[Tensor], Optional[Tensor], Dict[str, Tensor]]:
         return checkpointed(self._forward, state, encoder_out, encoder_padding_mask, incremental_state,
-                            self_attn_mask, self_attn_padding_mask, need_attn, need_head_weights,
+                            self_attn_mask, self_attn_padding_mask, need_attn, need_head_weights, ctx,
                             offload=self.offload_activations)
 
     def _forward(
@@ -266,30 +326,27 @@ class ResidualDecoderLayer(_ResidualLayer, TransformerDecoderLayerBase):
         self_attn_padding_mask: Optional[Tensor],
         need_attn: bool,
         need_head_weights: bool,
-    ) -> Tuple[List[Tensor], Optional[Tensor]]:
+        ctx: Dict[str, Tensor],
+    ) -> Tuple[List[Tensor], Optional[Tensor], Dict[str, Tensor]]:
         if need_head_weights:
             need_attn = True
+        ctx = ctx.copy()  # the caller's (and a recomputation's) context stays as it was
         state = self._before(0, state)
-        x, state = self.self_attn_residual.prepare(state)
+        x, state = self.self_attn_residual.prepare(state, ctx)
         x = self._input(0, x)
-        x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=self_attn_padding_mask,
-                              incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask)
-        state = self._after(0, self.self_attn_residual.update(state, self.dropout_module(x)))
+        x = self.attend_self(x, ctx, self_attn_padding_mask, incremental_state, self_attn_mask)
+        state = self._after(0, self.self_attn_residual.update(state, self.dropout_module(x), ctx))
 
         attn: Optional[Tensor] = None
         if self.encoder_attn is not None and encoder_out is not None:
             state = self._before(1, state)
-            x, state = self.encoder_attn_residual.prepare(state)
+            x, state = self.encoder_attn_residual.prepare(state, ctx)
             x = self._input(1, x)
-            x, attn = self.encoder_attn(
-                query=x, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
-                incremental_state=incremental_state, static_kv=True,
-                need_weights=need_attn or (not self.training and self.need_attn),
-                need_head_weights=need_head_weights,
-            )
-            state = self._after(1, self.encoder_attn_residual.update(state, self.dropout_module(x)))
+            x, attn = self.attend_encoder(x, ctx, encoder_out, encoder_padding_mask, incremental_state,
+                                          need_attn or (not self.training and self.need_attn), need_head_weights)
+            state = self._after(1, self.encoder_attn_residual.update(state, self.dropout_module(x), ctx))
 
         state = self._before(2, state)
-        x, state = self.ffn_residual.prepare(state)
-        state = self.ffn_residual.update(state, self._ffn(self._input(2, x)))
-        return self._after(2, state), attn
+        x, state = self.ffn_residual.prepare(state, ctx)
+        state = self.ffn_residual.update(state, self._ffn(self._input(2, x)), ctx)
+        return self._after(2, state), attn, ctx

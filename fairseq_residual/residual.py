@@ -26,6 +26,22 @@ input and the state to pass to ``update``; the layer in between computes the bra
 is rebuilt, never modified in place. Everything in the state is per position: incremental decoding needs
 no cache beyond fairseq's attention keys and values.
 
+The **context** (``ctx``, a ``Dict[str, Tensor]``) travels beside the state and holds what is not a stream
+of the residual: values a layer's sub-layers share, coefficients a sub-layer's ``prepare`` hands to its
+``update``, and what a branch exchanges with its attention, as x-transformers passes
+``prepare``'s keyword arguments to the residual and ``value_residual=`` into its attention, which returns
+``intermediates`` (lucidrains/x-transformers, ``x_transformers/x_transformers.py``). ``prepare`` may add
+per-branch inputs to it (a key/value input that differs from the query input, an extra input such as the
+first layer's values); the layer hands the context to the branch's attention
+(:meth:`~fairseq_residual.layers.ResidualEncoderLayer.attend_self`,
+:meth:`~fairseq_residual.layers.ResidualDecoderLayer.attend_encoder`), which a scheme's own layer class
+overrides to read those inputs and to add its intermediates (its values); ``update`` and the later
+sub-layers and layers read them. Each layer works on a copy of the context it receives and returns it to the
+stack loop, which starts with an empty one at every forward pass (every decoding step): an activation
+checkpoint recomputes a layer from the context it first saw. Keys are named by the scheme that writes them.
+Schemes that use no context leave it empty: nothing is computed or kept for them. Fairseq's own attention
+reads nothing from it.
+
 The layers that run this protocol are :mod:`fairseq_residual.layers`, the loops over them
 :mod:`fairseq_residual.encoder_decoder`; both are shared by every scheme, and TorchScript compiles them.
 """
@@ -126,12 +142,17 @@ class SublayerResidual(nn.Module):
         super().__init__()
         self.input_scale = 1.0
 
-    def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
-        """``(branch input before the layer's LayerNorm, T x B x C; the state update() receives)``."""
+    def prepare(self, state: List[Tensor], ctx: Dict[str, Tensor]) -> Tuple[Tensor, List[Tensor]]:
+        """``(branch input before the layer's LayerNorm, T x B x C; the state update() receives)``.
+
+        ``ctx`` is the context (see the module docstring): ``prepare`` may add to it what the branch or
+        :meth:`update` reads (per-branch inputs, values shared by the layer's sub-layers); by default nothing."""
         return state[0], state
 
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
-        """The state after the sub-layer; ``out`` is the dropped-out branch output ``h``, T x B x C."""
+    def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
+        """The state after the sub-layer; ``out`` is the dropped-out branch output ``h``, T x B x C; ``ctx`` the
+        context as :meth:`prepare` and the branch left it (it may add to it what later sub-layers or layers
+        read)."""
         return with_main(state, state[0] + out)
 
     def extra_repr(self):

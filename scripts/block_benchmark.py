@@ -58,7 +58,7 @@ def build_block(name, embed, ffn, heads, resi_dual_scale, seed, extra=()):
     residual = getattr(model.encoder, "residual", None)
     if residual is None:  # fairseq's own layer: one stream, layer(x, padding_mask)
         return (lambda state: layer(state, None)), (lambda x: x), (lambda state: state), model
-    return (lambda state: layer(state, None)), residual.start, residual.final_input, model
+    return (lambda state: layer(state, None)[0]), residual.start, residual.final_input, model
 
 
 def step(block, x, weight):

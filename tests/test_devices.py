@@ -53,7 +53,7 @@ def test_the_guard_catches_a_tensor_created_without_a_device(monkeypatch):
 
     from fairseq_residual.residual import SublayerResidual, with_main
 
-    def stray_update(self, state, out):
+    def stray_update(self, state, out, ctx):
         return with_main(state, state[0] + out + torch.zeros(out.shape))
 
     monkeypatch.setattr(SublayerResidual, "update", stray_update)
@@ -113,7 +113,7 @@ def test_the_meta_check_catches_a_stray_cpu_tensor(monkeypatch):
 
     model, inputs = _meta_model("dlcl")
     monkeypatch.setattr(SublayerResidual, "update",
-                        lambda self, state, out: with_main(state, state[0] + out + torch.zeros(out.shape[-1])))
+                        lambda self, state, out, ctx: with_main(state, state[0] + out + torch.zeros(out.shape[-1])))
     with pytest.raises(RuntimeError, match="on device cpu is not on the expected device meta"):
         _meta_run(model, *inputs)
     monkeypatch.undo()

@@ -207,6 +207,8 @@ def _tensors(o):
 def _cast(o, dtype):
     if torch.is_tensor(o):
         return o.to(dtype) if o.is_floating_point() else o
+    if isinstance(o, dict):  # the protocol's context: a copy, as it was at the call
+        return {k: _cast(v, dtype) for k, v in o.items()}
     if isinstance(o, (list, tuple)):
         return type(o)(_cast(x, dtype) for x in o)
     return o
@@ -292,7 +294,7 @@ class _Gate(SublayerResidual):
         self.w = nn.Parameter(torch.randn(site.embed_dim))
         self.s = nn.Parameter(torch.tensor(0.7))
 
-    def update(self, state, out):
+    def update(self, state, out, ctx):
         x = state[0]
         if self.fp32:
             g = 1 + self.s.float() * torch.tanh(F.layer_norm(x.float(), x.shape[-1:]) @ self.w.float())
@@ -310,7 +312,7 @@ def test_the_check_catches_coefficients_computed_in_reduced_precision():
     x, h = torch.randn(7, 5, 64, dtype=torch.float64), torch.randn(7, 5, 64, dtype=torch.float64)
     for fp32 in (True, False):
         gate = _Gate(site, fp32).double()
-        result = check_residual_arithmetic([(gate, "update", ([x], h))])
+        result = check_residual_arithmetic([(gate, "update", ([x], h, {}))])
         for dtype, (worst, ops) in result.items():
             if fp32:
                 assert ops == {} and worst <= RESIDUAL_UNITS, (dtype, worst, ops)

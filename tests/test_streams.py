@@ -522,6 +522,7 @@ def test_streams_stay_positions_first_from_the_stack_start(scheme):
     residual = model.encoder.layers[0].self_attn_residual
     state = model.encoder.residual.start(torch.randn(5, 3, 64))
     for _ in range(2):
-        branch, state = residual.prepare(state)
-        state = residual.update(state, torch.randn_like(branch))
+        ctx = {}
+        branch, state = residual.prepare(state, ctx)
+        state = residual.update(state, torch.randn_like(branch), ctx)
         assert state[0].permute(1, 2, 0, 3).is_contiguous()

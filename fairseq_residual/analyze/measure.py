@@ -141,7 +141,7 @@ class LayerStatistics:
         """Wrap ``residual.prepare`` (eager only) to record its mean width mixing M (h' = M h) on real tokens."""
         prepare = residual.prepare
 
-        def recording_prepare(state):
+        def recording_prepare(state, ctx):
             mask = self._masks.get(stack_name)
             if mask is not None:
                 per_layer = self.mixing[stack_name][layer_index]
@@ -150,7 +150,7 @@ class LayerStatistics:
                     per_layer[-1] = (self.batches, m @ per_layer[-1][1], int(mask.sum()))
                 else:
                     per_layer.append((self.batches, m, int(mask.sum())))
-            return prepare(state)
+            return prepare(state, ctx)
 
         residual.prepare = recording_prepare
         self._wrapped.append(residual)

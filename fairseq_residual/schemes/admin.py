@@ -47,7 +47,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor, nn
@@ -110,7 +110,7 @@ class AdminResidual(SublayerResidual):
         self.omega = nn.Parameter(torch.ones(site.embed_dim))
         self.profiling = False
 
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+    def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
         if self.profiling:
             self._profile(state[0], out)
         return with_main(state, state[0] * self.omega + out)

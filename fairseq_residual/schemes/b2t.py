@@ -31,7 +31,7 @@ sub-layers and their parameter names are fairseq's. The extra term is the layer 
 position, so incremental decoding needs no cached state.
 """
 import math
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 from torch import Tensor
 
@@ -54,12 +54,12 @@ class B2TResidual(SublayerResidual):
         self.first = site.kind == "self_attn"
         self.last = site.kind == "ffn"
 
-    def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+    def prepare(self, state: List[Tensor], ctx: Dict[str, Tensor]) -> Tuple[Tensor, List[Tensor]]:
         if self.first:
             return state[0], [state[0], state[0]]  # [x, x_in]
         return state[0], state
 
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+    def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
         if self.last:
             return [state[0] + out + state[1]]
         return with_main(state, state[0] + out)

@@ -19,7 +19,7 @@ initialisation (see github.com/microsoft/torchscale/issues/16). Decoder beta and
 
 The sub-layers are fairseq's; the residual is :class:`DeepNormResidual` over the residual protocol.
 """
-from typing import List
+from typing import Dict, List
 
 from torch import Tensor
 
@@ -61,7 +61,7 @@ class DeepNormResidual(SublayerResidual):
         super().__init__(site)
         self.alpha = deepnorm_constants(site.encoder_layers, site.decoder_layers)[f"{site.stack}_alpha"]
 
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+    def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
         return with_main(state, state[0] * self.alpha + out)
 
     def extra_repr(self):

@@ -93,14 +93,14 @@ class StreamsConnection(SublayerResidual):
 
     compile_flag = ""
 
-    def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+    def prepare(self, state: List[Tensor], ctx: Dict[str, Tensor]) -> Tuple[Tensor, List[Tensor]]:
         """:meth:`prepare_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
         mode."""
         if self.compile_training and self.training and not torch.jit.is_scripting():
             return self._compiled_prepare(state)
         return self.prepare_streams(state)
 
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+    def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
         """:meth:`update_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
         mode."""
         if self.compile_training and self.training and not torch.jit.is_scripting():

@@ -18,7 +18,7 @@ Parameters: ``LN_in`` is the sub-layer's fairseq LayerNorm (``self_attn_layer_no
 affine, gamma 1 and beta 0 (Peri-LN: a frozen output gamma hurts, so it is learnable); every other weight
 keeps fairseq's initialisation (CogView's 0.02 / sqrt(2L) output init is not part of the scheme).
 """
-from typing import List
+from typing import Dict, List
 
 from fairseq.modules import LayerNorm
 from torch import Tensor
@@ -40,7 +40,7 @@ class PeriLNResidual(SublayerResidual):
         super().__init__(site)
         self.out_layer_norm = LayerNorm(site.embed_dim, export=export)
 
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+    def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
         return with_main(state, state[0] + self.out_layer_norm(out))
 
 

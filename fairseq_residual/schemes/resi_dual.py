@@ -102,7 +102,7 @@ class ResiDualResidual(SublayerResidual):
         super().__init__(site)
         self.dual_scale = float(scale)
 
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+    def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
         return [state[0] + out, add_to_dual_stream(state[1], out, self.dual_scale)]
 
     def extra_repr(self):

@@ -15,7 +15,7 @@ Encoder-decoder: as the reference (cross-attention shares its layer's alpha). Pa
 alpha is ``layers.i.self_attn_residual.resweight`` (the reference's name), held by the first sub-layer's
 residual and handed to the layer's other sub-layers through the residual state.
 """
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +38,7 @@ class ReZeroResidual(SublayerResidual):
         super().__init__(site)
         self.last = site.kind == "ffn"
 
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+    def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
         x = state[0] + state[1] * out
         if self.last:
             return [x]
@@ -53,7 +53,7 @@ class ReZeroFirstResidual(ReZeroResidual):
         super().__init__(site)
         self.resweight = nn.Parameter(torch.zeros(()))
 
-    def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+    def prepare(self, state: List[Tensor], ctx: Dict[str, Tensor]) -> Tuple[Tensor, List[Tensor]]:
         return state[0], [state[0], self.resweight]
 
 

@@ -50,11 +50,11 @@ class SiameseResidual(SublayerResidual):
         self.pre_layer_norm = LayerNorm(site.embed_dim, export=export)
         self.inv_c = 1.0 / math.sqrt(site.per_layer * (site.layer + 1))
 
-    def prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
+    def prepare(self, state: List[Tensor], ctx: Dict[str, Tensor]) -> Tuple[Tensor, List[Tensor]]:
         u = self.post_layer_norm(state[0])
         return u + self.pre_layer_norm(state[1]), [u, state[1]]
 
-    def update(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
+    def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
         return [state[0] + out * self.inv_c, state[1] + out]
 
     def extra_repr(self):
