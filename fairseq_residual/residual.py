@@ -23,12 +23,13 @@ may be n x T x B x C); the scheme decides what the other elements are (ResiDual'
 layer input, DLCL's normalised history). A sub-layer receives the state, ``prepare`` returns the branch
 input and the state to pass to ``update``; the layer in between computes the branch
 ``h = drop(F(LN(input)))`` (the LN only when :attr:`~SublayerResidual.NORM` is :data:`NORM_INPUT`). The state
-is rebuilt, never modified in place. Everything in the state is per position: incremental decoding needs
-no cache beyond fairseq's attention keys and values.
+is rebuilt, never modified in place. Everything in the state is a stream, one vector per position (values
+that are not, as ReZero's alpha or a connection's coefficients, go in the context): incremental decoding
+needs no cache beyond fairseq's attention keys and values.
 
 The **context** (``ctx``, a ``Dict[str, Tensor]``) travels beside the state and holds what is not a stream
-of the residual: values a layer's sub-layers share, coefficients a sub-layer's ``prepare`` hands to its
-``update``, and what a branch exchanges with its attention, as x-transformers passes
+of the residual: values a layer's sub-layers share (ReZero's alpha), coefficients a sub-layer's ``prepare`` hands to
+its ``update`` (the multi-stream connections' ``B`` / ``H_post``), and what a branch exchanges with its attention, as x-transformers passes
 ``prepare``'s keyword arguments to the residual and ``value_residual=`` into its attention, which returns
 ``intermediates`` (lucidrains/x-transformers, ``x_transformers/x_transformers.py``). ``prepare`` may add
 per-branch inputs to it (a key/value input that differs from the query input, an extra input such as the

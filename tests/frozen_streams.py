@@ -8,7 +8,7 @@ float64.
 
 :func:`freeze` turns every hyper-connection / mHC residual of a model into its frozen twin, in place, keeping its
 parameters."""
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -44,13 +44,13 @@ class FrozenHyperConnection(HyperConnection):
             beta = beta.expand(n, streams.size(1), streams.size(2))
         return alpha, beta
 
-    def prepare(self, state: List[Tensor], ctx: Dict[str, Tensor]) -> Tuple[Tensor, List[Tensor]]:
+    def prepare_streams(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
         streams = state[0]
         alpha, beta = self.coefficients(streams)
         mixed = torch.einsum("itbu,itbc->utbc", alpha, streams.to(_cd(streams))).to(streams.dtype)
         return mixed[0], [mixed[1:], beta.to(streams.dtype)]
 
-    def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
+    def update_streams(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
         return [state[0] + state[1].unsqueeze(-1) * out.unsqueeze(0)]
 
 
@@ -65,7 +65,7 @@ class FrozenManifoldHyperConnection(ManifoldHyperConnection):
         res = self.alpha_res.to(dt) * (x @ self.phi_res.to(dt)).view(t, b, n, n) + self.b_res.to(dt)
         return pre, post, frozen_sinkhorn_knopp(res, self.sinkhorn_iterations)
 
-    def prepare(self, state: List[Tensor], ctx: Dict[str, Tensor]) -> Tuple[Tensor, List[Tensor]]:
+    def prepare_streams(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
         streams = state[0]
         pre, post, res = self.coefficients(streams)
         h = streams.to(_cd(streams))
@@ -73,7 +73,7 @@ class FrozenManifoldHyperConnection(ManifoldHyperConnection):
         carried = torch.einsum("tbji,itbc->jtbc", res, h).to(streams.dtype)
         return branch, [carried, post.permute(2, 0, 1).to(streams.dtype)]
 
-    def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
+    def update_streams(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
         return [state[0] + state[1].unsqueeze(-1) * out.unsqueeze(0)]
 
 

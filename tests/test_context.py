@@ -187,8 +187,10 @@ def test_the_layer_with_its_own_attention_compiles_with_torchscript():
     assert torch.allclose(eager[0], scripted[0], atol=1e-6)
 
 
-#: the registered schemes that keep values in the context, and their keys
-USES_CONTEXT = {}
+#: the registered schemes that keep values in the context (ReZero's alpha; the streams' update coefficients),
+#: and their keys
+USES_CONTEXT = {"rezero": {"rezero.alpha"}, "hyper_connections": {"streams.coefficient"},
+                "mhc": {"streams.coefficient"}}
 
 
 @pytest.mark.parametrize("scheme", [s.name for s in SCHEMES if not s.fairseq_path])

@@ -89,7 +89,10 @@ class StreamsConnection(SublayerResidual):
     """What the multi-stream connections share (hyper-connections, mHC): :meth:`prepare` / :meth:`update` run the
     subclass's ``prepare_streams`` / ``update_streams`` through ``torch.compile`` when built with ``compile`` and
     training in eager mode (:func:`~fairseq_residual.stream_ops.compiled`, refused with :attr:`compile_flag` named
-    where it cannot run), as they are otherwise (evaluation, incremental decoding, TorchScript)."""
+    where it cannot run), as they are otherwise (evaluation, incremental decoding, TorchScript).
+    ``prepare_streams`` returns ``(branch input, [carried streams, update coefficients n x T x B])``; the state
+    between sub-layers holds the streams only, the coefficients go to ``update`` in the context
+    (``ctx["streams.coefficient"]``)."""
 
     compile_flag = ""
 
@@ -97,15 +100,19 @@ class StreamsConnection(SublayerResidual):
         """:meth:`prepare_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
         mode."""
         if self.compile_training and self.training and not torch.jit.is_scripting():
-            return self._compiled_prepare(state)
-        return self.prepare_streams(state)
+            branch, parts = self._compiled_prepare(state)
+        else:
+            branch, parts = self.prepare_streams(state)
+        ctx["streams.coefficient"] = parts[1]
+        return branch, parts[:1]
 
     def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
         """:meth:`update_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
         mode."""
+        parts = [state[0], ctx["streams.coefficient"]]
         if self.compile_training and self.training and not torch.jit.is_scripting():
-            return self._compiled_update(state, out)
-        return self.update_streams(state, out)
+            return self._compiled_update(parts, out)
+        return self.update_streams(parts, out)
 
     @torch.jit.unused
     def _compiled_prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:

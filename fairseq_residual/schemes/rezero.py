@@ -13,7 +13,8 @@ the first update.
 
 Encoder-decoder: as the reference (cross-attention shares its layer's alpha). Parameters: the layer's
 alpha is ``layers.i.self_attn_residual.resweight`` (the reference's name), held by the first sub-layer's
-residual and handed to the layer's other sub-layers through the residual state.
+residual and handed to the layer's other sub-layers through the protocol's context (key ``rezero.alpha``;
+the state holds only the stream).
 """
 from typing import Dict, List, Tuple
 
@@ -25,36 +26,31 @@ from .base import ResidualScheme
 
 
 class ReZeroResidual(SublayerResidual):
-    """``x = x + alpha_l * h``, ``h = drop(F(x))``, no LayerNorm; state ``[x, alpha_l]`` inside a layer, the
-    alpha put there by the layer's first sub-layer (:class:`ReZeroFirstResidual`).
+    """``x = x + alpha_l * h``, ``h = drop(F(x))``, no LayerNorm; state ``[x]`` (T x B x C), alpha_l (a scalar)
+    read from the context (``ctx["rezero.alpha"]``), put there by the layer's first sub-layer
+    (:class:`ReZeroFirstResidual`).
 
     Args:
-        site: the sub-layer; the layer's last (the FFN) drops alpha from the state.
+        site: the sub-layer.
     """
 
     NORM = NORM_NONE
 
-    def __init__(self, site):
-        super().__init__(site)
-        self.last = site.kind == "ffn"
-
     def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
-        x = state[0] + state[1] * out
-        if self.last:
-            return [x]
-        return with_main(state, x)
+        return with_main(state, state[0] + ctx["rezero.alpha"] * out)
 
 
 class ReZeroFirstResidual(ReZeroResidual):
     """The layer's first sub-layer (self-attention): holds the layer's ``resweight`` (alpha_l, init 0) and
-    hands it to the layer's other sub-layers through the state."""
+    hands it to the layer's other sub-layers through the context."""
 
     def __init__(self, site):
         super().__init__(site)
         self.resweight = nn.Parameter(torch.zeros(()))
 
     def prepare(self, state: List[Tensor], ctx: Dict[str, Tensor]) -> Tuple[Tensor, List[Tensor]]:
-        return state[0], [state[0], self.resweight]
+        ctx["rezero.alpha"] = self.resweight
+        return state[0], state
 
 
 class ReZero(ResidualScheme):
