@@ -7,16 +7,17 @@ branch output with it), a residual scheme is two kinds of objects:
 * one :class:`SublayerResidual` per sub-layer (self-attention, cross-attention, FFN), owned by its layer
   (``layers.i.self_attn_residual``, ``layers.i.encoder_attn_residual``, ``layers.i.ffn_residual``, so its
   parameters stay under ``layers.i.``), built knowing the sub-layer's identity (:class:`Site`). It says
-  what the branch reads from the residual state (:meth:`SublayerResidual.prepare`), where the layer's
-  own LayerNorm of that sub-layer goes (:attr:`SublayerResidual.NORM`), and how the branch output updates
-  the state (:meth:`SublayerResidual.update`);
+  what the branch reads from the residual state and adds to the context (:meth:`SublayerResidual.prepare`),
+  where the layer's own LayerNorm of that sub-layer goes (:attr:`SublayerResidual.NORM`), and how the branch
+  output updates the state (:meth:`SublayerResidual.update`);
 * one :class:`StackResidual` per stack (``encoder.residual``, ``decoder.residual``): how the state starts
   from the embedding output (:meth:`~StackResidual.start`), what happens between layers
   (:meth:`~StackResidual.between`, DLCL's layer history), how it ends (:meth:`~StackResidual.final_input`,
   normalised by the stack's ``layer_norm`` when the scheme has one, then :meth:`~StackResidual.finish`),
   and a :meth:`~StackResidual.view` of the state: the T x B x C that fairseq's ``inner_states`` /
   ``encoder_states`` (``return_all_hiddens``) and the analysis tool see, plus any extra streams by name
-  (:meth:`~StackResidual.streams`).
+  (:meth:`~StackResidual.streams`) and the one whose fp16 range the analysis tool reports
+  (:meth:`~StackResidual.ranged_stream`): the scheme describes its own state to the tool.
 
 The **state** is a list of tensors. Element 0 is the main stream (T x B x C; for an n-stream scheme it
 may be n x T x B x C); the scheme decides what the other elements are (ResiDual's dual stream, B2T's
@@ -28,20 +29,21 @@ that are not, as ReZero's alpha or a connection's coefficients, go in the contex
 needs no cache beyond fairseq's attention keys and values.
 
 The **context** (``ctx``, a ``Dict[str, Tensor]``) travels beside the state and holds what is not a stream
-of the residual: values a layer's sub-layers share (ReZero's alpha), coefficients a sub-layer's ``prepare`` hands to
-its ``update`` (the multi-stream connections' ``B`` / ``H_post``), and what a branch exchanges with its attention, as x-transformers passes
-``prepare``'s keyword arguments to the residual and ``value_residual=`` into its attention, which returns
-``intermediates`` (lucidrains/x-transformers, ``x_transformers/x_transformers.py``). ``prepare`` may add
-per-branch inputs to it (a key/value input that differs from the query input, an extra input such as the
-first layer's values); the layer hands the context to the branch's attention
-(:meth:`~fairseq_residual.layers.ResidualEncoderLayer.attend_self`,
+of the residual: values a layer's sub-layers share (ReZero's alpha), coefficients a sub-layer's ``prepare``
+hands to its ``update`` (the multi-stream connections' ``B`` / ``H_post``), and what a branch exchanges with
+its attention, as x-transformers passes ``prepare``'s keyword arguments to the residual and
+``value_residual=`` into its attention, which returns ``intermediates`` (lucidrains/x-transformers,
+``x_transformers/x_transformers.py``). ``prepare`` may add per-branch inputs to it (a key/value input that
+differs from the query input, an extra input such as the first layer's values); the layer hands the context
+to the branch's attention (:meth:`~fairseq_residual.layers.ResidualEncoderLayer.attend_self`,
 :meth:`~fairseq_residual.layers.ResidualDecoderLayer.attend_encoder`), which a scheme's own layer class
 overrides to read those inputs and to add its intermediates (its values); ``update`` and the later
 sub-layers and layers read them. Each layer works on a copy of the context it receives and returns it to the
 stack loop, which starts with an empty one at every forward pass (every decoding step): an activation
-checkpoint recomputes a layer from the context it first saw. Keys are named by the scheme that writes them.
-Schemes that use no context leave it empty: nothing is computed or kept for them. Fairseq's own attention
-reads nothing from it.
+checkpoint recomputes a layer from the context it first saw. Keys are named by the scheme that writes them
+(``"rezero.alpha"``), spelt out where they are used (TorchScript reads no module-level strings). Schemes that
+use no context leave it empty: nothing is computed or kept for them. Fairseq's own attention reads nothing
+from it.
 
 The layers that run this protocol are :mod:`fairseq_residual.layers`, the loops over them
 :mod:`fairseq_residual.encoder_decoder`; both are shared by every scheme, and TorchScript compiles them.

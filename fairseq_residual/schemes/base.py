@@ -9,7 +9,8 @@ the one loop per stack (:mod:`fairseq_residual.encoder_decoder`) run. A protocol
   :class:`~fairseq_residual.residual.Site`), by default Pre-LN's ``x + drop(F(LN(x)))``;
 * the residual of each stack (:meth:`stack_residual`), by default one stream;
 * the stack's final LayerNorm (:attr:`final_norm_eps`, None for none);
-* how it is initialised after fairseq's initialisation (:meth:`initialize`), what runtime machinery it
+* how it is initialised after fairseq's initialisation (:meth:`initialize`, given the model and its validated
+  :class:`SchemeOptions`, which carry the scheme object itself), what runtime machinery it
   needs on the first training batch (:meth:`training_hook`, Admin's profiling), how parameter names of
   older checkpoints map to today's (:meth:`upgrade_state_dict`);
 * its own options (:attr:`OPTIONS`: flag, type, default, range; validated the same way for every

@@ -92,7 +92,8 @@ class DeepNorm(ResidualScheme):
 
     def initialize(self, model, options):
         """Multiply fc1, fc2, v_proj and out_proj (weights and biases) of each stack by its beta, from the trained
-        N and M (``options``), the depth the sub-layers' alpha is computed from (:class:`~fairseq_residual.residual.Site`)."""
+        N and M (``options``), the depth the sub-layers' alpha is computed from
+        (:class:`~fairseq_residual.residual.Site`)."""
         const = deepnorm_constants(options.depth("encoder"), options.depth("decoder"))
         for stack in ("encoder", "decoder"):
             beta = const[f"{stack}_beta"]
