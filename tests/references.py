@@ -448,3 +448,56 @@ REFERENCES = {
     "mhc": (["--mhc-streams", 3], MHC(3), MHC(3, rows_only=True)),
     "siamese_norm": ([], SiameseNorm(), SiameseNorm(sublayers_per_layer=2)),
 }
+
+
+def _attention_with_values(mha, x, v, key_padding_mask, causal):
+    """Self-attention of ``x`` (T x B x C) with the values ``v`` (T x B x C) given, from the raw weights."""
+    T, B, C = x.shape
+    H = mha.num_heads
+    d = C // H
+    heads = lambda t: t.reshape(T, B, H, d).permute(1, 2, 0, 3)  # noqa: E731  B x H x T x d
+    q = heads(F.linear(x, mha.q_proj.weight, mha.q_proj.bias) * d ** -0.5)
+    k = heads(F.linear(x, mha.k_proj.weight, mha.k_proj.bias))
+    scores = q @ k.transpose(-1, -2)
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    if causal:
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    out = (torch.softmax(scores, dim=-1) @ heads(v)).permute(2, 0, 1, 3).reshape(T, B, C)
+    return F.linear(out, mha.out_proj.weight, mha.out_proj.bias)
+
+
+class ValueResidual(Transcription):
+    """Zcchill/Value-Residual-Learning (modeling_llama_resformer.py): Pre-LN whose self-attention in every layer
+    after the first takes the values 0.5 V_1 + 0.5 V_n, V_1 the first layer's values of the same stack;
+    ``learned``: x-transformers' V_1.lerp(V_n, g), g = sigmoid(W_g LN(x) + b_g) per head
+    (``v_proj.residual_mix_weight`` / ``_bias``). Cross-attention is Pre-LN's. The padded positions are the rows
+    that fairseq's embedding leaves zero (pad token and pad position). ``swapped``: the gate weighs V_1, not V_n."""
+
+    def __init__(self, learned=False, swapped=False):
+        self.learned, self.swapped = learned, swapped
+
+    def start(self, stack, x):
+        pad = x.eq(0).all(-1).t()
+        self.pad, self.first = (pad if pad.any() else None), None
+        return x
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        if kind != "self_attn":
+            return super().sublayer(stack, layer, l, kind, state, branch)
+        mha = layer.self_attn
+        h = ref_ln(layer.self_attn_layer_norm, state)
+        v = F.linear(h, mha.v_proj.weight, mha.v_proj.bias)
+        if self.first is None:
+            self.first = v
+        elif not self.learned:
+            v = 0.5 * self.first + 0.5 * v
+        else:
+            g = torch.sigmoid(F.linear(h, mha.v_proj.residual_mix_weight, mha.v_proj.residual_mix_bias))
+            g = g.repeat_interleave(v.shape[-1] // mha.num_heads, dim=-1)
+            v = (self.first + g * (v - self.first)) if not self.swapped else (v + g * (self.first - v))
+        return state + _attention_with_values(mha, h, v, self.pad, causal=stack.name == "decoder")
+
+
+REFERENCES["value_residual"] = (["--value-residual-mix", "learned"], ValueResidual(learned=True),
+                                ValueResidual(learned=True, swapped=True))

@@ -191,6 +191,7 @@ def test_the_layer_with_its_own_attention_compiles_with_torchscript():
 #: and their keys
 USES_CONTEXT = {"rezero": {"rezero.alpha"}, "hyper_connections": {"streams.coefficient"},
                 "mhc": {"streams.coefficient"}}
+USES_CONTEXT["value_residual"] = {"value_residual.first"}  # the first layer's values V_1
 
 
 @pytest.mark.parametrize("scheme", [s.name for s in SCHEMES if not s.fairseq_path])
