@@ -32,8 +32,10 @@ the fixed mix only).
 Incremental decoding: each later layer caches its *mixed* values in fairseq's key/value cache, so a decoding
 step needs V_1 of the current position only, which layer 1 computes in the same step and hands on in the
 context (``ctx['value_residual.first']``, 1 x B x C, not kept across steps). The cost per generated token is
-nothing beyond fairseq's own cache (2 C per layer and position); the only extra work is layer 1's value
-projection computed once more outside its attention.
+nothing beyond fairseq's own cache (2 C per layer and position); the extra work is layer 1's value projection
+computed once more outside its attention. In training each later layer keeps its stacked ``[LN(x); V_1]`` for the
+backward pass: one T x B x C more per layer than Pre-LN, and its attention runs fairseq's explicit path, not the
+fused one.
 
 Mechanics: the later layers' attention is fairseq's ``MultiheadAttention`` on its explicit path with keys and
 values from separate inputs (``self_attention = False``, the path fairseq takes when keys and values differ
