@@ -121,6 +121,21 @@ def test_precision_check_refuses_values_it_cannot_run(option, value, message, ca
     assert f"argument {option}: {message}" in capsys.readouterr().err
 
 
+def test_speed_benchmark_gives_the_caller_its_logging_back():
+    """The speed benchmark quiets logging and warnings while it runs: a refusal after that point leaves the
+    in-process caller's logging and warning filters as they were."""
+    import logging
+    import warnings
+
+    from residual_studies import speed
+
+    filters = list(warnings.filters)
+    with pytest.raises(SystemExit, match="fp16 needs --device cuda"):
+        speed.main(["--device", "cpu", "--dtype", "fp16", "--shapes", "tiny"])
+    assert logging.root.manager.disable == logging.NOTSET
+    assert warnings.filters == filters
+
+
 def _parse_speed(argv):
     from residual_studies import speed
 
