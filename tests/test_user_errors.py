@@ -63,7 +63,7 @@ def test_second_copy_of_the_plugin_is_refused_with_both_paths(tmp_path):
 
 
 def test_stock_transformer_checkpoint_loads_into_matching_scheme(tiny_data_bin, tmp_path):
-    """The README's command: a stock ``--arch transformer_tiny`` checkpoint (Post-LN) runs as
+    """docs/usage.md's command: a stock ``--arch transformer_tiny`` checkpoint (Post-LN) runs as
     ``residual_transformer`` with ``--model-overrides "{'_name': 'residual_transformer', ...}"``, with the
     same log-probabilities as fairseq's own model."""
     import torch
