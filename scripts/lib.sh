@@ -40,8 +40,8 @@ prepare_tools() {
         || die "'fairseq-preprocess' not on PATH (activate the environment where fairseq is installed)"
     prep check-deps "$@"
 }
-# prep STEP ARGS...: one corpus preparation step (scripts/prepare_corpus.py: standard library only, no plugin
-# import, a fraction of a second per step)
+# prep STEP ARGS...: one corpus preparation step (scripts/prepare_corpus.py over residual_studies.corpus_steps: standard
+# library only, no plugin import, a fraction of a second per step)
 prep() { "$PYTHON" "$SCRIPT_DIR/prepare_corpus.py" "$@"; }
 
 # need_fairseq_train HINT: stop unless fairseq-train is on PATH (HINT: how to get it there)

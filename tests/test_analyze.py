@@ -467,6 +467,24 @@ def test_checkpoint_mode_and_scheme_mismatch(trained, data, tmp_path):
     assert bad == 2
 
 
+def test_main_leaves_the_callers_logging_as_it_was(data, tmp_path):
+    """Called in-process, the tool quiets fairseq's logging while it runs and restores the caller's after."""
+    import logging
+    import warnings
+
+    from fairseq_residual.analyze import main
+
+    fairseq_log, root = logging.getLogger("fairseq"), logging.getLogger()
+    before = (fairseq_log.level, root.level, list(root.handlers), list(warnings.filters))
+    fairseq_log.setLevel(logging.INFO)
+    try:
+        assert main([data, "--batches", "0", "--output-dir", str(tmp_path)]) == 2
+        assert fairseq_log.level == logging.INFO
+        assert (root.level, root.handlers, warnings.filters) == tuple(before[1:])
+    finally:
+        fairseq_log.setLevel(before[0])
+
+
 def test_missing_checkpoint_message(data, tmp_path):
     proc = analyze_cli(data, "--checkpoint", tmp_path / "nope.pt", "--output-dir", tmp_path)
     assert proc.returncode == 2

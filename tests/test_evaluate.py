@@ -371,6 +371,13 @@ def test_newstest_average_is_the_mean_of_sacrebleu(tmp_path):
         assert metric["description"] and metric["signature"]
 
 
+def test_missing_reference_is_a_user_error():
+    """A newstest year without its reference is a user error like every other: under the one root, ToolError."""
+    from residual_studies.runner import ToolError
+
+    assert issubclass(bleu_metrics.MissingReferenceError, ToolError)
+
+
 def test_newstest_average_refuses_missing_years(tmp_path, monkeypatch):
     gens, refs = newstest_files(tmp_path, skip_ref=(2012, 2016))
     with pytest.raises(bleu_metrics.MissingReferenceError) as err:

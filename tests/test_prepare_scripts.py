@@ -623,14 +623,19 @@ def test_opus100_pair_selection_and_errors(tmp_path, run_script):
 
 
 # ---------------------------------------------------------------------------------------------
-# scripts/prepare_corpus.py: the shared steps on their own
+# the shared steps on their own (residual_studies.corpus_*, run by scripts/prepare_corpus.py)
 
 
 @pytest.fixture(scope="session")
 def prep_utils(repo_root):
-    import prepare_corpus
+    import types
 
-    return prepare_corpus
+    from residual_studies import corpus_archive, corpus_io, corpus_steps, corpus_text
+
+    return types.SimpleNamespace(
+        clean_pair=corpus_text.clean_pair, iwslt_train_line=corpus_text.iwslt_train_line,
+        seg_text=corpus_text.seg_text, parse_pairs=corpus_archive.parse_pairs, PrepError=corpus_io.PrepError,
+        main=corpus_steps.main)
 
 
 def test_clean_pair_follows_moses(prep_utils):

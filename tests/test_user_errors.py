@@ -63,7 +63,7 @@ def test_second_copy_of_the_plugin_is_refused_with_both_paths(tmp_path):
 
 
 def test_stock_transformer_checkpoint_loads_into_matching_scheme(tiny_data_bin, tmp_path):
-    """The README's command: a stock ``--arch transformer_tiny`` checkpoint (Post-LN) runs as
+    """docs/usage.md's command: a stock ``--arch transformer_tiny`` checkpoint (Post-LN) runs as
     ``residual_transformer`` with ``--model-overrides "{'_name': 'residual_transformer', ...}"``, with the
     same log-probabilities as fairseq's own model."""
     import torch
@@ -119,6 +119,21 @@ def test_precision_check_refuses_values_it_cannot_run(option, value, message, ca
         precision_check._args([option, value, "--out", "x.json"])
     assert exit_.value.code == 2
     assert f"argument {option}: {message}" in capsys.readouterr().err
+
+
+def test_speed_benchmark_gives_the_caller_its_logging_back():
+    """The speed benchmark quiets logging and warnings while it runs: a refusal after that point leaves the
+    in-process caller's logging and warning filters as they were."""
+    import logging
+    import warnings
+
+    from residual_studies import speed
+
+    filters = list(warnings.filters)
+    with pytest.raises(SystemExit, match="fp16 needs --device cuda"):
+        speed.main(["--device", "cpu", "--dtype", "fp16", "--shapes", "tiny"])
+    assert logging.root.manager.disable == logging.NOTSET
+    assert warnings.filters == filters
 
 
 def _parse_speed(argv):

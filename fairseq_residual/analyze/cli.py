@@ -1,6 +1,7 @@
 """The command line of ``fairseq-residual-analyze``: options, the run over every requested model,
 ``analysis.json``, the summary table."""
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -213,27 +214,53 @@ def summary_table(runs):
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
 
+#: loggers whose INFO chatter the tool hides unless --verbose
+QUIET_LOGGERS = ("fairseq", "matplotlib", "PIL")
+
+
+@contextlib.contextmanager
+def _tool_logging(verbose):
+    """The tool's logging while it runs: a stderr handler on the root logger when it has none, fairseq's,
+    matplotlib's and PIL's INFO hidden and two harmless torch warnings ignored unless ``verbose``. Every
+    level, handler and warning filter is restored on leaving, so that a caller calling :func:`main`
+    in-process keeps its own logging."""
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers), {n: logging.getLogger(n).level for n in QUIET_LOGGERS})
+    with warnings.catch_warnings():
+        try:
+            logging.basicConfig(
+                level=logging.INFO if verbose else logging.WARNING,
+                format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+                stream=sys.stderr,
+            )
+            if not verbose:
+                for name in QUIET_LOGGERS:
+                    logging.getLogger(name).setLevel(logging.WARNING)
+                # harmless torch warnings that fairseq's code triggers on every batch
+                warnings.filterwarnings("ignore", message=".*pin_memory.*")
+                warnings.filterwarnings("ignore", message=".*mismatched key_padding_mask and attn_mask.*")
+            yield
+        finally:
+            root.setLevel(saved[0])
+            for handler in root.handlers[:]:
+                if handler not in saved[1]:
+                    root.removeHandler(handler)
+            for name, level in saved[2].items():
+                logging.getLogger(name).setLevel(level)
+
+
 def main(argv=None):
-    """Entry point; returns the exit code (0 ok, 2 bad input)."""
+    """Entry point; returns the exit code (0 ok, 2 bad input). The logging it sets up lasts while it
+    runs (:func:`_tool_logging`)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]  # "--" may separate the fairseq options
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        stream=sys.stderr,
-    )
-    if not args.verbose:
-        for name in ("fairseq", "matplotlib", "PIL"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-        # harmless torch warnings that fairseq's code triggers on every batch
-        warnings.filterwarnings("ignore", message=".*pin_memory.*")
-        warnings.filterwarnings("ignore", message=".*mismatched key_padding_mask and attn_mask.*")
-    try:
-        run(args, extra, argv)
-    except AnalyzeError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+    with _tool_logging(args.verbose):
+        try:
+            run(args, extra, argv)
+        except AnalyzeError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -98,10 +98,27 @@ def options_table() -> List[str]:
     rows = [["`--residual-scheme` (`model.residual_scheme`)", "all", ", ".join(f"`{n}`" for n in SCHEME_NAMES),
              f"`{DEFAULT_SCHEME}`, or the `--arch` preset's", "where LayerNorm and the residual connection go"]]
     for s in SCHEMES:
-        for o in s.OPTIONS:
+        options = list(s.OPTIONS)
+        while options:
+            o = options.pop(0)
+            pair = options[0] if options and _stack_pair(o, options[0]) else None
             flag = f"`{o.flag}` / `{o.negative}`" if o.type is bool else f"`{o.flag} {o.metavar}`" if o.metavar else f"`{o.flag}`"
-            rows.append([f"{flag} (`model.{o.dest}`)", f"`{s.name}`", _range(o), _default(o), o.help])
+            if pair is None:
+                rows.append([f"{flag} (`model.{o.dest}`)", f"`{s.name}`", _range(o), _default(o), o.help])
+                continue
+            options.pop(0)
+            rows.append([f"{flag} / `{pair.flag} {pair.metavar}` (`model.{o.dest}`, `model.{pair.dest}`)",
+                         f"`{s.name}`", _range(o), _default(o), o.help.replace("encoder", "encoder / decoder")])
     return _table(["option (Hydra key)", "scheme", "range", "default", "meaning"], rows)
+
+
+def _stack_pair(o, other) -> bool:
+    """``o`` an ``encoder_*`` option and ``other`` its ``decoder_*`` twin (the same kind, range, default and
+    meaning but for the stack's name): one row of the options table for the two."""
+    return (o.dest.startswith("encoder_") and other.dest == "decoder_" + o.dest[len("encoder_"):]
+            and o.type is not bool and o.metavar and o.metavar == other.metavar
+            and (_range(o), _default(o)) == (_range(other), _default(other))
+            and o.help.replace("encoder", "decoder") == other.help)
 
 
 def recipes() -> List[str]:

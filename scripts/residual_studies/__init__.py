@@ -17,6 +17,9 @@ Library, one concern each:
 * :mod:`.data` (the study corpus: its splits, its check, sentencepiece, binarisation, the BLEU subset,
   scoring), :mod:`.ding_input` (reading the Ding dictionary the shipped corpus is built from),
   :mod:`.bleu_metrics` (the benchmarks' BLEU metrics and the newstest average);
+* :mod:`.corpus_steps` (the benchmarks' corpus preparation steps and their command line, standard library
+  only: :mod:`.corpus_io` text files, :mod:`.corpus_archive` archives and OPUS-100 pair folders,
+  :mod:`.corpus_text` Moses-style text steps, :mod:`.corpus_sentencepiece`);
 * :mod:`.cell` (one study cell: settings, folder, training segments, budgets, translation and scoring),
   :mod:`.grid` (the options of a grid of cells, its start, running it with N jobs);
 * :mod:`.demo_report` (the demo's run history and results files);
@@ -30,7 +33,6 @@ Applications, each a thin layer on the library (none imports another): :mod:`.de
 :mod:`.claims_study`, :mod:`.learning_curve`, :mod:`.speed`, :mod:`.results` (benchmark tables),
 :mod:`.bleu` (scoring), :mod:`.checkpoints` (averaging), :mod:`.measure_training` (training speed of one run);
 :mod:`.shell` (the Python the shell scripts call) and :mod:`.ding_corpus` (building the shipped corpus).
-The benchmarks' corpus preparation steps are not here: ``scripts/prepare_corpus.py`` (standard library only).
 """
 import importlib.util
 import os

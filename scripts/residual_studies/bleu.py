@@ -48,6 +48,7 @@ from sacrebleu.metrics import BLEU
 from .bleu_metrics import (GenerateOutputError, check_refs, compound_split_bleu, detok_sacrebleu, detokenize,
                            metric_score, newstest_average, ordered, read_lines, tokenized_bleu)
 from .logs import read_generate
+from .runner import ToolError
 
 BENCHMARKS = ("iwslt14", "wmt14", "opus100")
 
@@ -216,7 +217,7 @@ def cli():
     """``scripts/score_bleu.py``: :func:`main`, its errors as one line."""
     try:
         main()
-    except (GenerateOutputError, FileNotFoundError) as e:
+    except (ToolError, FileNotFoundError) as e:  # GenerateOutputError, MissingReferenceError; a missing file
         sys.exit(f"score_bleu.py: error: {e}")
 
 

@@ -29,7 +29,7 @@ class GenerateOutputError(ToolError):
     """fairseq-generate output that cannot be scored (missing or dropped sentences)."""
 
 
-class MissingReferenceError(FileNotFoundError):
+class MissingReferenceError(ToolError):
     """A newstest year whose reference is neither in the reference folder nor available from
     sacreBLEU."""
 

@@ -19,10 +19,11 @@ from . import REPO
 class ToolError(Exception):
     """A failure with a message meant for the user (printed as 'ERROR: ...', exit status 2). The root of every
     user error of the tools; its subclasses say where it comes from, and their entry points print them as
-    before: ``prepare_corpus.PrepError`` (a corpus preparation step), :class:`.ding_input.CorpusInputError`
+    before: :class:`.corpus_io.PrepError` (a corpus preparation step), :class:`.ding_input.CorpusInputError`
     (the Ding dictionary given to ``scripts/build_ding_corpus.py``: ``error: ...``, status 2) and
-    :class:`.bleu_metrics.GenerateOutputError` (fairseq-generate output that cannot be scored:
-    ``score_bleu.py: error: ...``, status 1)."""
+    :class:`.bleu_metrics.GenerateOutputError` (fairseq-generate output that cannot be scored) and
+    :class:`.bleu_metrics.MissingReferenceError` (a newstest year without its reference), both
+    ``score_bleu.py: error: ...``, status 1."""
 
 
 _PRINT_LOCK = threading.Lock()

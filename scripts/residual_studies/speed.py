@@ -60,6 +60,7 @@ Examples::
     python scripts/speed_benchmark.py --shapes tiny --repeats 1 --warmup 0 --out /tmp/tiny.json   # smoke test
 """
 import argparse
+import contextlib
 import datetime
 import logging
 import os
@@ -169,8 +170,26 @@ def main(argv=None):
     if opts.repeats < 1 or opts.warmup < 0 or opts.train_steps < 1:
         sys.exit("benchmark.py: --repeats and --train-steps must be >= 1 and --warmup >= 0")
 
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)  # fairseq's and tensorboardX's import-time chatter
+    with _quiet():
+        return _measure(opts, shapes, argv)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Warnings and logging below ERROR off while the benchmark runs (fairseq's and tensorboardX's
+    import-time chatter, fairseq's per-model messages); the caller's settings are back on leaving."""
+    previous = logging.root.manager.disable
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore")
+        logging.disable(logging.WARNING)
+        try:
+            yield
+        finally:
+            logging.disable(previous)
+
+
+def _measure(opts, shapes, argv):
+    """Measure every shape of ``opts``, print the table, write ``--out``; the results."""
     import torch
 
     if opts.dtype == "fp16" and opts.device != "cuda":
