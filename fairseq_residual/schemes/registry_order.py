@@ -24,4 +24,5 @@ SCHEME_MODULES = (
     "hyper_connections",
     "mhc",
     "siamese_norm",
+    "denseformer",
 )
