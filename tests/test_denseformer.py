@@ -178,3 +178,32 @@ def test_torchscript_with_dilation_and_period():
     scripted = torch.jit.script(model)
     with torch.no_grad():
         torch.testing.assert_close(scripted(src, lengths, prev)[0], model(src, lengths, prev)[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_average_keeps_the_outputs_not_copies_for_the_backward_pass(dtype):
+    """In fp32 and bf16 the tensors autograd saves for the averages' backward pass are the layer outputs
+    themselves (and alpha's entries), no fp32 copy of them: an average of i + 1 outputs in reduced precision would
+    otherwise hold i + 1 more activations until the backward pass."""
+    from fairseq_residual.schemes.denseformer import DenseFormerStack
+
+    stack = DenseFormerStack("decoder", 3, 8).to(dtype)
+    with torch.no_grad():
+        stack.alpha.add_(0.3 * torch.randn_like(stack.alpha))
+    outputs = [torch.randn(5, 2, 8, dtype=dtype, requires_grad=True) for _ in range(4)]
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        state = stack.start(outputs[0])
+        for index in range(3):
+            state = stack.between(index, [outputs[index + 1]] + state[1:])
+    large = [t for t in saved if t.numel() > 1]
+    assert large and all(any(t.data_ptr() == x.data_ptr() and t.dtype == dtype for x in outputs) for t in large)
+    state[0].float().sum().backward()
+    assert all(x.grad is not None for x in outputs) and stack.alpha.grad is not None
+    expected = sum(stack.weights()[3, j].float() * outputs[j].float() for j in range(4)).to(dtype)
+    torch.testing.assert_close(state[0], expected)  # the dtype's tolerance

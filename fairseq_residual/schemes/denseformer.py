@@ -24,7 +24,8 @@ store every output, which is what is computed here. Here the vectors are concate
 re-initialisation caveat does not arise: fairseq initialises ``nn.Linear`` / ``nn.Embedding`` modules, and
 alpha is neither. Like the reference (its DWA weights are ``nn.Linear`` weights, in the weight-decay group),
 alpha takes fairseq's ``--weight-decay`` like every other parameter. The average is accumulated in fp32 and
-rounded once to the model's dtype, as a reduced-precision ``tensordot`` (the reference's) accumulates.
+rounded once to the model's dtype, as a reduced-precision ``tensordot`` (the reference's) accumulates, and
+autograd keeps the layer outputs, not copies (the reference's in-place accumulators serve the same end).
 
 Encoder-decoder (the project's reading; the paper and its code are decoder-only language models):
 
@@ -112,13 +113,19 @@ class DenseFormerStack(StackResidual):
 
     def average(self, i: int, outputs: List[Tensor]) -> Tensor:
         """``Y_i = sum_{j in J(i)} alpha_{i,j} X_j`` (T x B x C) over ``outputs`` = X_0..X_i, accumulated in
-        fp32 and rounded once to the outputs' dtype."""
+        fp32 and rounded once to the outputs' dtype. In bf16 / fp16 each term is a mixed-dtype ``addcmul`` into
+        the fp32 sum, so that autograd keeps the outputs themselves for the backward pass, not fp32 copies of
+        them (which would cost O(L^2) activations per stack)."""
         o = self.offsets[i - 1]
         g = i % self.dilation
         alpha = self.alpha.float()
-        y = outputs[g].float() * alpha[o]
+        first = outputs[g]
+        if first.dtype == torch.float32:
+            y = first * alpha[o]
+        else:
+            y = torch.addcmul(torch.zeros_like(first, dtype=torch.float32), first, alpha[o])
         for m in range(1, i // self.dilation + 1):
-            y = torch.addcmul(y, outputs[g + m * self.dilation].float(), alpha[o + m])
+            y = torch.addcmul(y, outputs[g + m * self.dilation], alpha[o + m])
         return y.to(outputs[i].dtype)
 
     def between(self, index: int, state: List[Tensor]) -> List[Tensor]:
