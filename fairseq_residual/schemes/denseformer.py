@@ -14,18 +14,19 @@ alpha_{i,j} X_j``. alpha_{i,j} are learned scalars, initialised to the identity 
 0), so that a new model is the Pre-LN Transformer it builds on. A layer that has no DWA after it still
 stores its output X_i, which later averages of its residue class read.
 
-As epfml/DenseFormer computes it (``denseformer/denseformer.py``, ``DWAModules``; the same loop in
-``experiments/models/denseformer.py``): one weight vector per DWA of length ``floor(i/k) + 1``, ordered by
-increasing j (its last entry, on X_i, set to 1 by ``_init_weights``), applied to the stored outputs of i's
-residue class mod k. The experiments' model (``increase_T_every``) differs where p > 1: it stores only every
-p-th output and dilates over those; the package, and the paper's ``Y_i = X_i`` for i not a multiple of p,
-store every output, which is what is computed here. Here the vectors are concatenated in the order of i into one parameter per stack,
-``{encoder,decoder}.residual.alpha``: at k = p = 1, L(L+3)/2 scalars (27 at L = 6). The reference's global
-re-initialisation caveat does not arise: fairseq initialises ``nn.Linear`` / ``nn.Embedding`` modules, and
-alpha is neither. Like the reference (its DWA weights are ``nn.Linear`` weights, in the weight-decay group),
-alpha takes fairseq's ``--weight-decay`` like every other parameter. The average is accumulated in fp32 and
-rounded once to the model's dtype, as a reduced-precision ``tensordot`` (the reference's) accumulates, and
-autograd keeps the layer outputs, not copies (the reference's in-place accumulators serve the same end).
+As epfml/DenseFormer computes it (``denseformer/denseformer.py``, ``DWAModules``): one weight vector per DWA
+of length ``floor(i/k) + 1``, ordered by increasing j (its last entry, on X_i, set to 1 by ``_init_weights``),
+applied to the stored outputs of i's residue class mod k. Its experiments' model
+(``experiments/models/denseformer.py``, ``increase_T_every``) runs the same loop over groups of p blocks and
+stores only each group's output; for p > 1 the package, and the paper's ``Y_i = X_i`` for i not a multiple of
+p, store every output, which is what is computed here. The vectors are concatenated in the order of i into
+one parameter per stack, ``{encoder,decoder}.residual.alpha``: at k = p = 1, L(L+3)/2 scalars (27 at L = 6).
+The reference's global re-initialisation caveat does not arise: fairseq initialises ``nn.Linear`` /
+``nn.Embedding`` modules, and alpha is neither. Like the reference (its DWA weights are ``nn.Linear``
+weights, in the weight-decay group), alpha takes fairseq's ``--weight-decay`` like every other parameter.
+The average is accumulated in fp32 and rounded once to the model's dtype, as a reduced-precision
+``tensordot`` (the reference's) accumulates, and autograd keeps the layer outputs, not copies (the
+reference's in-place accumulators serve the same end).
 
 Encoder-decoder (the project's reading; the paper and its code are decoder-only language models):
 
