@@ -501,3 +501,49 @@ class ValueResidual(Transcription):
 
 REFERENCES["value_residual"] = (["--value-residual-mix", "learned"], ValueResidual(learned=True),
                                 ValueResidual(learned=True, swapped=True))
+
+
+class DenseFormer(Transcription):
+    """epfml/DenseFormer (``DWAModules``): Pre-LN layers; after layer i (1-based) its output X_i joins the
+    accumulator of residue class i mod k (X_0, the embedding, starts class 0), and where p divides i the next
+    input is the tensordot of that DWA's weight vector ((i + k) // k entries, the reference's
+    ``nn.Linear((i+1+dilation)//dilation, 1)`` of block i-1; here read in order from the stack's one vector)
+    with the class's stored outputs; output LN_final of the last input. ``store_averages``: the accumulators
+    take the averages Y_i instead of the layer outputs X_i (the negative control)."""
+
+    def __init__(self, dilation=1, period=1, store_averages=False):
+        self.k, self.p, self.store_averages = dilation, period, store_averages
+
+    def _weights(self, stack):
+        flat, out, n = stack.residual.alpha, {}, 0
+        for i in range(1, stack.num_layers + 1):
+            if i % self.p == 0:
+                out[i] = flat[n: n + (i + self.k) // self.k]
+                n += (i + self.k) // self.k
+        assert n == flat.numel()
+        return out
+
+    def start(self, stack, x):
+        accumulators = [[] for _ in range(self.k)]
+        accumulators[0].append(x)
+        return {"x": x, "acc": accumulators}
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        x = state["x"]
+        return dict(state, x=x + branch(ref_ln(getattr(layer, LN_OF[kind]), x)))
+
+    def between(self, stack, l, state):
+        i, x, acc = l + 1, state["x"], state["acc"]
+        acc[i % self.k].append(x)
+        if i % self.p == 0:
+            w = self._weights(stack)[i]
+            x = torch.tensordot(w, torch.stack(acc[i % self.k]), dims=1)
+            if self.store_averages:
+                acc[i % self.k][-1] = x
+        return {"x": x, "acc": acc}
+
+    def out(self, stack, state):
+        return ref_ln(stack.layer_norm, state["x"])
+
+
+REFERENCES["denseformer"] = ([], DenseFormer(), DenseFormer(store_averages=True))

@@ -24,5 +24,6 @@ SCHEME_MODULES = (
     "hyper_connections",
     "mhc",
     "siamese_norm",
+    "denseformer",
     "value_residual",
 )
