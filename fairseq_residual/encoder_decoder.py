@@ -250,7 +250,9 @@ class ProtocolDecoder(_ProtocolStackMixin, TransformerDecoderBase):
     :class:`~fairseq_residual.layers.ResidualDecoderLayer` with the scheme's residual state.
 
     Args: as :class:`ResidualTransformerDecoder`. ``inner_states`` holds the embedding output and the
-    residual's view after each layer.
+    residual's view after each layer; at an incremental decoding step it holds None for the layers unless
+    ``return_all_hiddens`` asks for them (a multi-stream view is a sum over the streams, computed after every
+    layer of every step otherwise, for a list that beam search never reads).
     """
 
     stack = "decoder"
@@ -286,6 +288,39 @@ class ProtocolDecoder(_ProtocolStackMixin, TransformerDecoderBase):
             x = self.layernorm_embedding(x)
         return self.dropout_module(x), prev_output_tokens
 
+    def forward(
+        self,
+        prev_output_tokens,
+        encoder_out: Optional[Dict[str, List[Tensor]]] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        features_only: bool = False,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+        src_lengths: Optional[Tensor] = None,
+        return_all_hiddens: bool = False,
+    ):
+        """:meth:`TransformerDecoderBase.forward`, passing ``return_all_hiddens`` on to the layer loop."""
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state, full_context_alignment,
+                                         alignment_layer, alignment_heads, return_all_hiddens)
+        if not features_only:
+            x = self.output_layer(x)
+        return x, extra
+
+    def extract_features(
+        self,
+        prev_output_tokens,
+        encoder_out: Optional[Dict[str, List[Tensor]]],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+        return_all_hiddens: bool = False,
+    ):
+        return self.extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state,
+                                                full_context_alignment, alignment_layer, alignment_heads,
+                                                return_all_hiddens)
+
     def extract_features_scriptable(
         self,
         prev_output_tokens,
@@ -294,8 +329,11 @@ class ProtocolDecoder(_ProtocolStackMixin, TransformerDecoderBase):
         full_context_alignment: bool = False,
         alignment_layer: Optional[int] = None,
         alignment_heads: Optional[int] = None,
+        return_all_hiddens: bool = False,
     ):
-        """Decoder features, B x T x C, and ``{"attn": [B x T x S or None], "inner_states": [...]}``."""
+        """Decoder features, B x T x C, and ``{"attn": [B x T x S or None], "inner_states": [...]}``;
+        ``inner_states`` holds the residual's view after each layer, or None at an incremental decoding step
+        that does not ask for it (``return_all_hiddens``)."""
         if alignment_layer is None:
             alignment_layer = self.num_layers - 1
         enc: Optional[Tensor] = None
@@ -331,7 +369,8 @@ class ProtocolDecoder(_ProtocolStackMixin, TransformerDecoderBase):
                 need_head_weights=bool(idx == alignment_layer),
                 ctx=ctx,
             )
-            inner_states.append(self.residual.view(state))
+            inner_states.append(self.residual.view(state) if incremental_state is None or return_all_hiddens
+                                else None)
             if layer_attn is not None and idx == alignment_layer:
                 attn = layer_attn.float().to(x)
             state = self.residual.between(idx, state)

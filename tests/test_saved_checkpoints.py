@@ -47,7 +47,10 @@ def test_a_saved_state_dict_loads_and_translates_identically(scheme):
     assert layout == {k: tuple(v.shape) for k, v in saved["model"].items()}
     model.load_state_dict({k: v.clone() for k, v in saved["model"].items()}, strict=True)
     lp, hyps = outputs(model, d)
-    assert (lp - saved["log_probs"]).abs().max().item() <= 1e-6
+    # fp32 rounding, not a change of function: the same arithmetic may be grouped differently (the multi-stream
+    # connections' leaner path without gradients, another CPU's SIMD kernels); 1e-5 is about 20 ulp at the
+    # log-probabilities' magnitude (2-8, ulp 2.4e-7 to 4.8e-7), the conformance suite's tolerance
+    assert (lp - saved["log_probs"]).abs().max().item() <= 1e-5
     assert [[tokens for tokens, _ in sent] for sent in hyps] == \
         [[tokens for tokens, _ in sent] for sent in saved["hypotheses"]]
     assert max(abs(a[1] - b[1]) for s, t in zip(hyps, saved["hypotheses"]) for a, b in zip(s, t)) <= 1e-5
