@@ -25,4 +25,5 @@ SCHEME_MODULES = (
     "mhc",
     "siamese_norm",
     "value_residual",
+    "laurel",
 )
