@@ -547,3 +547,44 @@ class DenseFormer(Transcription):
 
 
 REFERENCES["denseformer"] = ([], DenseFormer(), DenseFormer(store_averages=True))
+
+
+class Laurel(Transcription):
+    """Menghani et al. 2025 (LAuReL, arXiv 2411.07501) on Pre-LN, at every sub-layer with its own parameters,
+    f = F(LN(x)), x_i the stream sub-layer i of the stack reads (x_0 the embedding output). RW (sec. 2.1):
+    x = alpha f + beta x, (alpha, beta) = softmax(w). LR (eq. 3): x = f + W x, W = I + B A. PA (eq. 4):
+    x_{i+1} = f + x_i + sum_{j=0}^{k-1} gamma_j B A x_{i-j}, each term on its own, over the x_{i-j} that exist.
+    ``low_rank_on_branch_input`` (LR): B A reads LN(x) instead of x; ``skip_current`` (PA): the sum leaves out
+    x_i (j = 1..k) - plausible misreadings."""
+
+    def __init__(self, variant, low_rank_on_branch_input=False, skip_current=False):
+        self.variant, self.on_input, self.skip_current = variant, low_rank_on_branch_input, skip_current
+
+    def start(self, stack, x):
+        self.history = []  # x_0, x_1, ... of this stack
+        return x
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        res = getattr(layer, f"{kind}_residual")
+        u = ref_ln(getattr(layer, LN_OF[kind]), state)
+        f = branch(u)
+        self.history.append(state)
+        if self.variant == "rw":
+            alpha, beta = torch.softmax(res.w, dim=0)
+            return alpha * f + beta * state
+        BA = res.B @ res.A  # C x C
+        if self.variant == "lr":
+            if self.on_input:
+                return f + state + u @ BA.t()
+            return f + state @ (torch.eye(state.shape[-1]) + BA).t()
+        i, k = len(self.history) - 1, len(res.gamma)
+        out = f + state
+        for j in range(k):
+            src = i - j - (1 if self.skip_current else 0)
+            if src >= 0:
+                out = out + res.gamma[j] * (self.history[src] @ BA.t())
+        return out
+
+
+REFERENCES["laurel"] = (["--laurel-variant", "pa", "--laurel-rank", 3, "--laurel-activations", 3], Laurel("pa"),
+                        Laurel("pa", skip_current=True))
