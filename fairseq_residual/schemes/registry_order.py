@@ -26,4 +26,5 @@ SCHEME_MODULES = (
     "siamese_norm",
     "denseformer",
     "value_residual",
+    "reordered_norm",
 )
