@@ -588,3 +588,67 @@ class Laurel(Transcription):
 
 REFERENCES["laurel"] = (["--laurel-variant", "pa", "--laurel-rank", 3, "--laurel-activations", 3], Laurel("pa"),
                         Laurel("pa", skip_current=True))
+
+
+
+def _rms(norm, t, eps=1e-6):
+    """RMSNorm over the last dimension with the gain of module ``norm`` (OLMo 2's QK-norm)."""
+    return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * norm.weight
+
+
+def _qk_normed_attention(mha, query, key_value, key_padding_mask=None, causal=False, head_norms=False):
+    """:func:`ref_attention` with the queries and keys RMS-normalised over the width C after their projections
+    (OLMo-core ``q_norm`` / ``k_norm`` of size d_model, gains ``{q,k}_proj.norm``)."""
+    T, B, C = query.shape
+    S = key_value.shape[0]
+    H = mha.num_heads
+    d = C // H
+    q = _rms(mha.q_proj.norm, F.linear(query, mha.q_proj.weight, mha.q_proj.bias)) * d ** -0.5
+    k = _rms(mha.k_proj.norm, F.linear(key_value, mha.k_proj.weight, mha.k_proj.bias))
+    v = F.linear(key_value, mha.v_proj.weight, mha.v_proj.bias)
+    q, k, v = (t.reshape(n, B, H, d).permute(1, 2, 0, 3) for t, n in ((q, T), (k, S), (v, S)))
+    scores = q @ k.transpose(-1, -2)
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    if causal:
+        scores = scores.masked_fill(torch.ones(T, S, dtype=torch.bool).triu(1), float("-inf"))
+    out = (torch.softmax(scores, dim=-1) @ v).permute(2, 0, 1, 3).reshape(T, B, C)
+    return F.linear(out, mha.out_proj.weight, mha.out_proj.bias)
+
+
+class ReorderedNorm(Transcription):
+    """allenai/OLMo-core ``ReorderedNormTransformerBlock``: x = x + LN_out(F(x)), no input norm, final LayerNorm;
+    ``qk_norm``: every attention's queries and keys RMS-normalised (``attention`` replaces :func:`ref_attention`
+    for this transcription). ``input_norm``: the sub-layer's input normalised by LN_out too (the negative
+    control: the norm moved back in front of the branch)."""
+
+    def __init__(self, qk_norm=False, input_norm=False):
+        self.qk_norm, self.input_norm = qk_norm, input_norm
+        self.attention = _qk_normed_attention if qk_norm else None
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        ln = getattr(layer, f"{kind}_residual").out_layer_norm
+        if self.input_norm:
+            return state + branch(ref_ln(ln, state))
+        return state + ref_ln(ln, branch(state))
+
+
+_forward_with_ref_attention = reference_forward
+
+
+def reference_forward(model, src, prev, ref):  # noqa: F811  (the driver, with a transcription's own attention)
+    """:func:`reference_forward` above; a transcription with an ``attention`` function computes every attention
+    branch with it instead of :func:`ref_attention` (same arguments)."""
+    global ref_attention
+    attention = getattr(ref, "attention", None)
+    if attention is None:
+        return _forward_with_ref_attention(model, src, prev, ref)
+    plain, ref_attention = ref_attention, attention
+    try:
+        return _forward_with_ref_attention(model, src, prev, ref)
+    finally:
+        ref_attention = plain
+
+
+REFERENCES["reordered_norm"] = (["--reordered-norm-qk-norm"], ReorderedNorm(qk_norm=True),
+                                ReorderedNorm(qk_norm=True, input_norm=True))

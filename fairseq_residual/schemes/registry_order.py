@@ -27,4 +27,5 @@ SCHEME_MODULES = (
     "denseformer",
     "value_residual",
     "laurel",
+    "reordered_norm",
 )
