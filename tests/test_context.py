@@ -200,6 +200,12 @@ def test_schemes_that_use_no_context_leave_it_empty(scheme):
     put there (their own keys)."""
     d = make_dictionary()
     model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", scheme, dictionary=d)
+    returned = context_keys_per_layer(model, d)
+    assert len(returned) == 4 and all(keys == USES_CONTEXT.get(scheme, set()) for keys in returned)
+
+
+def context_keys_per_layer(model, d):
+    """The keys of the context each layer of ``model`` returns on a random batch, encoder layers first."""
     returned = []
     hooks = [layer.register_forward_hook(lambda m, i, out: returned.append(set(out[-1])))
              for stack in (model.encoder, model.decoder) for layer in stack.layers]
@@ -208,4 +214,4 @@ def test_schemes_that_use_no_context_leave_it_empty(scheme):
         model(src, lengths, prev)
     for h in hooks:
         h.remove()
-    assert len(returned) == 4 and all(keys == USES_CONTEXT.get(scheme, set()) for keys in returned)
+    return returned

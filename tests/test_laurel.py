@@ -88,14 +88,9 @@ def test_lr_and_pa_start_as_pre_ln_from_pre_lns_draws(variant):
 def test_pa_keeps_the_k_minus_1_earlier_streams_in_the_context():
     d = make_dictionary()
     model = _model("--laurel-variant", "pa", "--laurel-activations", 3, d=d)
-    returned = []
-    hooks = [layer.register_forward_hook(lambda m, i, out: returned.append(set(out[-1])))
-             for stack in (model.encoder, model.decoder) for layer in stack.layers]
-    src, lengths, prev, _ = random_batch(d)
-    with torch.no_grad():
-        model(src, lengths, prev)
-    for h in hooks:
-        h.remove()
+    from test_context import context_keys_per_layer
+
+    returned = context_keys_per_layer(model, d)
     assert len(returned) == 3 + 2 and all(keys == {"laurel.x1", "laurel.x2"} for keys in returned)
 
 

@@ -7,20 +7,13 @@ import copy
 import pytest
 import torch
 
-from conftest import make_dictionary, random_batch
+from conftest import random_batch
 from frozen_streams import freeze
-from test_conformance import randomise_scheme_parameters
-from test_streams import DEPTH, IDENTITY_CASES, tiny
+from test_streams import IDENTITY_CASES, streams_model
 
 
 def _model(scheme, streams=4, static=False, seed=1):
-    d = make_dictionary()
-    prefix = "hc" if scheme == "hyper_connections" else "mhc"
-    flags = ["--residual-scheme", scheme, f"--{prefix}-streams", streams, "--dropout", 0, *DEPTH]
-    if static and scheme == "hyper_connections":
-        flags.append("--hc-static")
-    model = tiny(*flags, d=d, seed=seed).double()
-    randomise_scheme_parameters(model, seed=seed)
+    model, d = streams_model(scheme, streams, static, seed)
     return model.eval(), d
 
 

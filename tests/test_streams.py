@@ -162,15 +162,10 @@ IDENTITY_CASES = [("hyper_connections", 2, False), ("hyper_connections", 4, Fals
                   ("mhc", 2, False), ("mhc", 4, False), ("mhc", 2, True), ("mhc", 4, True)]
 
 
-def restructured_against_frozen(scheme, streams, static, seed=1):
-    """Max |difference| of the log-probabilities and of every parameter's gradient between a float64 model and
-    its twin whose connections run the frozen computation (``tests/frozen_streams.py``), in training mode
-    without dropout. ``static``: hyper-connections' static variant; for mHC, coefficients from the biases
-    alone (projections and gates zero)."""
-    import copy
-
-    from frozen_streams import freeze
-
+def streams_model(scheme, streams, static, seed=1):
+    """``(model, dictionary)``: a tiny float64 model of ``scheme`` (hyper-connections or mHC) with ``streams``
+    streams, no dropout and randomised scheme parameters. ``static``: hyper-connections' static variant; for
+    mHC, coefficients from the biases alone (projections and gates zero)."""
     d = make_dictionary()
     prefix = "hc" if scheme == "hyper_connections" else "mhc"
     flags = ["--residual-scheme", scheme, f"--{prefix}-streams", streams, "--dropout", 0, *DEPTH]
@@ -184,6 +179,19 @@ def restructured_against_frozen(scheme, streams, static, seed=1):
                 if name.rsplit(".", 1)[-1] in ("phi_pre", "phi_post", "phi_res", "alpha_pre", "alpha_post",
                                                "alpha_res"):
                     p.zero_()
+    return model, d
+
+
+def restructured_against_frozen(scheme, streams, static, seed=1):
+    """Max |difference| of the log-probabilities and of every parameter's gradient between a float64 model and
+    its twin whose connections run the frozen computation (``tests/frozen_streams.py``), in training mode
+    without dropout. ``static``: hyper-connections' static variant; for mHC, coefficients from the biases
+    alone (projections and gates zero)."""
+    import copy
+
+    from frozen_streams import freeze
+
+    model, d = streams_model(scheme, streams, static, seed)
     frozen = copy.deepcopy(model)
     assert freeze(frozen) == 2 * 3 + 3 * 2  # every connection of the 3 + 2 layers
     src, lengths, prev, _ = random_batch(d, bsz=5)
