@@ -1,4 +1,5 @@
-"""README.md's generated tables match the registry, and the documentation's references point at real files.
+"""The generated tables of README.md and docs/schemes.md match the registry, and the documentation's references
+point at real files.
 
 Fast: no process starts (the tables are built in-process by ``fairseq_residual.schemes.docs``).
 """
@@ -28,11 +29,15 @@ def _read(path):
 
 
 def test_readme_generated_blocks_match_the_registry():
-    from fairseq_residual.schemes.docs import WRITE_COMMAND, stale_blocks
+    from fairseq_residual.schemes.docs import WRITE_COMMAND, pages, stale_blocks
 
-    stale = stale_blocks(_read(README))
-    assert not stale, (f"README.md's generated blocks {', '.join(stale)} differ from what the scheme registry "
-                       f"generates: run {WRITE_COMMAND}")
+    checked = 0
+    for path, names in pages(README):
+        stale = stale_blocks(_read(path), names)
+        assert not stale, (f"{os.path.relpath(path, REPO)}'s generated blocks {', '.join(stale)} differ from what "
+                           f"the scheme registry generates: run {WRITE_COMMAND}")
+        checked += len(names)
+    assert checked == 4  # the scheme, options, recipes and compat tables
 
 
 def test_every_scheme_option_is_in_the_options_table():

@@ -2,7 +2,7 @@
 
     python -m fairseq_residual.schemes                          # the scheme table (Markdown)
     python -m fairseq_residual.schemes --table options          # schemes, options, recipes or compat
-    python -m fairseq_residual.schemes --write-readme README.md # rewrite README.md's generated blocks
+    python -m fairseq_residual.schemes --write-readme README.md # rewrite the generated blocks of README.md and docs/schemes.md
     python -m fairseq_residual.schemes --check README.md        # exit 1 when a block differs
 
 The tables are built by :mod:`fairseq_residual.schemes.docs` from the schemes' attributes and options and
@@ -11,7 +11,7 @@ from what their code refuses.
 import argparse
 import sys
 
-from .docs import BLOCKS, WRITE_COMMAND, block, render, stale_blocks
+from .docs import BLOCKS, WRITE_COMMAND, block, pages, render, stale_blocks
 
 
 def main(argv=None) -> int:
@@ -19,30 +19,34 @@ def main(argv=None) -> int:
     parser.add_argument("--table", choices=tuple(BLOCKS) + ("all",), default="schemes",
                         help="the table to print (default: schemes)")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write-readme", metavar="README", help="rewrite the generated blocks of this file")
-    group.add_argument("--check", metavar="README", help="exit 1 when a generated block of this file differs")
+    group.add_argument("--write-readme", metavar="README",
+                       help="rewrite the generated blocks of this README and of the pages beside it (docs/schemes.md)")
+    group.add_argument("--check", metavar="README",
+                       help="exit 1 when a generated block of this README or of the pages beside it differs")
     args = parser.parse_args(argv)
     if args.write_readme or args.check:
-        path = args.write_readme or args.check
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        try:
-            new = render(text)
-        except ValueError as exc:
-            parser.error(f"{path}: {exc}")
-        if args.check:
-            stale = stale_blocks(text)
-            if stale:
-                print(f"{path}: generated blocks differ from the registry: {', '.join(stale)}; run {WRITE_COMMAND}",
-                      file=sys.stderr)
-                return 1
-            print(f"{path}: every generated block matches the registry")
-            return 0
-        if new != text:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(new)
-        print(f"{path}: generated blocks {'rewritten' if new != text else 'already up to date'}")
-        return 0
+        status = 0
+        for path, names in pages(args.write_readme or args.check):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                new = render(text, names)
+            except (OSError, ValueError) as exc:
+                parser.error(f"{path}: {exc}")
+            if args.check:
+                stale = stale_blocks(text, names)
+                if stale:
+                    print(f"{path}: generated blocks differ from the registry: {', '.join(stale)}; run "
+                          f"{WRITE_COMMAND}", file=sys.stderr)
+                    status = 1
+                else:
+                    print(f"{path}: every generated block matches the registry")
+                continue
+            if new != text:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(new)
+            print(f"{path}: generated blocks {'rewritten' if new != text else 'already up to date'}")
+        return status
     names = tuple(BLOCKS) if args.table == "all" else (args.table,)
     sys.stdout.write("\n".join(block(n) for n in names))
     return 0

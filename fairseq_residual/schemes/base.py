@@ -173,9 +173,9 @@ class ResidualScheme:
             disagree, which one and what the other does), or "" (Markdown).
         reading: where the authors never defined the encoder-decoder case, the project's reading of it
             (README and the module docstring say it is ours), or "".
-        recipe: the training recipe the scheme's authors used (README, Markdown), or "".
+        recipe: the training recipe the scheme's authors used (docs/schemes.md, Markdown), or "".
         fp16_advice: what its running sums need in fp16, from the measurements of ``docs/precision.md``
-            (README's compatibility table, Markdown); what the code refuses is found by
+            (the compatibility table of docs/schemes.md, Markdown); what the code refuses is found by
             :func:`fairseq_residual.schemes.docs.refusals`, not written here.
         fairseq_path: True for the schemes that are fairseq's own layers and loops (Post-LN, Pre-LN).
         builds_on: the stock fairseq transformer the scheme modifies, ``post_ln`` or ``pre_ln`` (the

@@ -1,23 +1,26 @@
-"""The README's scheme tables, generated from the registry: one home for every scheme fact.
+"""The scheme tables of README.md and docs/schemes.md, generated from the registry: one home for every scheme fact.
 
 Each scheme's formulas, initialisation, sources, recipe and fp16 advice are attributes of its class
 (:class:`~fairseq_residual.schemes.base.ResidualScheme`), its options are its :attr:`OPTIONS`, and what it
 refuses is what its code refuses: :func:`refusals` builds a small model of every scheme with each fairseq
 option of :data:`PROBES` through fairseq's own parser and registry and records which builds fail. The
-tables are written between marker lines of README.md::
+tables are written between marker lines of the pages of :data:`PAGES` (README.md: the scheme and options
+tables, what a user chooses from; docs/schemes.md: each scheme's recommended training and what it accepts of
+fairseq's options, which grow by a paragraph and a wide row per scheme)::
 
     <!-- BEGIN generated: schemes -->
     ...
     <!-- END generated: schemes -->
 
 ``python -m fairseq_residual.schemes`` prints the scheme table; ``python -m fairseq_residual.schemes
---write-readme README.md`` rewrites every block; ``--check README.md`` exits 1 when a block differs
-(``tests/test_readme.py`` runs the same check).
+--write-readme README.md`` rewrites every block of README.md and of the other pages, found beside it;
+``--check README.md`` exits 1 when a block differs (``tests/test_readme.py`` runs the same check).
 """
 import copy
 import functools
+import os
 import re
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from . import DEFAULT_SCHEME, SCHEME_NAMES, SCHEMES
 
@@ -215,13 +218,17 @@ def _pattern(name: str):
     return re.compile(rf"(<!-- BEGIN generated: {name} -->\n)(.*?)(<!-- END generated: {name} -->)", re.S)
 
 
-def render(text: str) -> str:
-    """``text`` (a README) with every generated block rewritten.
+#: page (relative to the checkout's root, where README.md is) -> the blocks it holds
+PAGES = {"README.md": ("schemes", "options"), os.path.join("docs", "schemes.md"): ("recipes", "compat")}
+
+
+def render(text: str, names=tuple(BLOCKS)) -> str:
+    """``text`` (a page) with its generated blocks ``names`` rewritten.
 
     Raises:
         ValueError: a block's markers are missing.
     """
-    for name in BLOCKS:
+    for name in names:
         pattern = _pattern(name)
         if not pattern.search(text):
             raise ValueError(f"no '<!-- BEGIN generated: {name} -->' ... '<!-- END generated: {name} -->' block")
@@ -229,11 +236,18 @@ def render(text: str) -> str:
     return text
 
 
-def stale_blocks(text: str) -> List[str]:
-    """The names of the blocks of ``text`` that differ from what the registry generates."""
+def stale_blocks(text: str, names=tuple(BLOCKS)) -> List[str]:
+    """The names among ``names`` of the blocks of ``text`` that differ from what the registry generates."""
     stale = []
-    for name in BLOCKS:
+    for name in names:
         m = _pattern(name).search(text)
         if m is None or m.group(2) != block(name):
             stale.append(name)
     return stale
+
+
+def pages(readme: str) -> List[Tuple[str, Tuple[str, ...]]]:
+    """Every generated page as (path, its block names), the paths resolved against the directory of
+    ``readme`` (the path of README.md)."""
+    root = os.path.dirname(os.path.abspath(readme))
+    return [(os.path.join(root, page) if page != "README.md" else readme, names) for page, names in PAGES.items()]
