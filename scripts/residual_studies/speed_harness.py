@@ -46,6 +46,9 @@ DEFAULT_MODELS = tuple(MODELS)
 VARIANTS = {
     "hyper_connections_n2": ("hyper_connections", ["--hc-streams", "2"]),
     "mhc_n2": ("mhc", ["--mhc-streams", "2"]),
+    # the connections' prepare/update through torch.compile (eager training only: generation runs the plain code)
+    "hyper_connections_compiled": ("hyper_connections", ["--hc-compile"]),
+    "mhc_compiled": ("mhc", ["--mhc-compile"]),
 }
 for _name, (_scheme, _options) in VARIANTS.items():
     MODELS[_name] = dict(MODELS[_scheme], options=_options)
