@@ -219,10 +219,18 @@ def replace_layer_norms(model: nn.Module, options: NormOptions) -> int:
     A LayerNorm registered at two places is replaced by one module at both.
 
     Raises:
+        ValueError: the model's layers are wrapped by FSDP (``--ddp-backend fully_sharded`` wraps each layer as
+            it is built and flattens its parameters, which a later replacement would bypass).
         RuntimeError: a LayerNorm is left (a module that holds one outside its registered children).
     """
     if options.kind == DEFAULT_NORM:
         return 0
+    for name, module in model.named_modules():
+        if type(module).__name__ == "FullyShardedDataParallel":
+            raise ValueError(
+                f"--norm {options.kind} is not supported with --ddp-backend fully_sharded (FSDP wraps {name} with its "
+                f"LayerNorms flattened before they can be replaced): use --ddp-backend c10d / no_c10d, or --norm "
+                f"layernorm")
     replaced = {}
     for parent_name, parent in list(model.named_modules()):
         for child_name, child in list(parent._modules.items()):

@@ -357,3 +357,17 @@ def test_no_module_computes_a_layer_norm_functionally_unless_its_scheme_declares
         assert owners, f"{rel} computes a layer norm functionally, outside any scheme: make it a LayerNorm module"
         for owner in owners:
             assert by_module[owner].formula_norms, f"{owner} computes a norm functionally without formula_norms"
+
+
+def test_layers_wrapped_by_fsdp_are_refused_not_half_replaced():
+    from fairseq_residual.norms import NormOptions, replace_layer_norms
+
+    class FullyShardedDataParallel(nn.Module):  # the class name fairscale's FSDP wrapper has
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+    model = nn.Sequential(FullyShardedDataParallel(nn.LayerNorm(8)))
+    with pytest.raises(ValueError, match="--norm dyt is not supported with --ddp-backend fully_sharded"):
+        replace_layer_norms(model, NormOptions(kind="dyt"))
+    assert replace_layer_norms(model, NormOptions()) == 0  # layernorm: nothing to do
