@@ -371,3 +371,28 @@ def test_layers_wrapped_by_fsdp_are_refused_not_half_replaced():
     with pytest.raises(ValueError, match="--norm dyt is not supported with --ddp-backend fully_sharded"):
         replace_layer_norms(model, NormOptions(kind="dyt"))
     assert replace_layer_norms(model, NormOptions()) == 0  # layernorm: nothing to do
+
+
+def test_fairseq_train_saves_the_norm_and_a_load_with_another_norm_fails_clearly(tiny_data_bin, tmp_path):
+    """fairseq-train --norm dyt (in-process, 2 updates): the checkpoint rebuilds as DyT from its own
+    configuration; overriding the norm fails naming both."""
+    from fairseq import checkpoint_utils
+
+    from conftest import USER_DIR
+    from inprocess import fairseq_main
+
+    _, data_bin = tiny_data_bin
+    fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--task", "translation", "--arch",
+                 "residual_transformer_tiny", "--residual-scheme", "pre_ln", "--norm", "dyt", "--dyt-attn-alpha",
+                 "0.8", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "120", "--required-batch-size-multiple",
+                 "1", "--disable-validation", "--no-epoch-checkpoints", "--seed", "3", "--num-workers", "0",
+                 "--max-update", "2", "--save-dir", tmp_path, "--cpu")
+    path = str(tmp_path / "checkpoint_last.pt")
+    models, cfg = checkpoint_utils.load_model_ensemble([path], task=None, arg_overrides={"data": str(data_bin)})
+    assert cfg.model.norm == "dyt" and cfg.model.dyt_attn_alpha == 0.8
+    assert isinstance(models[0].encoder.layers[0].self_attn_layer_norm, DynamicTanh)
+    assert _layer_norms(models[0]) == []
+    with pytest.raises(NormMismatchError, match="trained with --norm dyt but this model's encoder uses --norm "
+                                                "layernorm"):
+        checkpoint_utils.load_model_ensemble([path], arg_overrides={"data": str(data_bin), "norm": "layernorm",
+                                                                    "dyt_attn_alpha": None})
