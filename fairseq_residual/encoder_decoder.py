@@ -17,8 +17,9 @@ Two kinds of stack, chosen by the scheme (:attr:`~fairseq_residual.schemes.base.
   caches, reordered by the inherited ``reorder_incremental_state``: the residual state is per position).
 
 Every stack stores its scheme in the buffer ``residual_scheme_id`` (and a ``--norm`` other than LayerNorm in
-``residual_norm_id``) so that loading a checkpoint of another scheme (or norm) fails with an error naming both; checkpoints of fairseq's stock ``transformer`` (no
-such buffer) load into the matching scheme (``post_ln`` without a final LayerNorm, ``pre_ln`` with one).
+``residual_norm_id``) so that loading a checkpoint of another scheme (or norm) fails with an error naming both;
+checkpoints of fairseq's stock ``transformer`` (no such buffer) load into the matching scheme (``post_ln``
+without a final LayerNorm, ``pre_ln`` with one).
 """
 from typing import Dict, List, Optional, Tuple
 

@@ -10,7 +10,7 @@ a scheme added later is covered without edits. Per position ``x`` of width C (T 
 HybridNorm's per-head norms: width head_dim)::
 
     layernorm  y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta
-    rmsnorm    y = x / sqrt(mean(x^2) + eps) * gamma                   torch.nn.RMSNorm (no beta)
+    rmsnorm    y = x / sqrt(mean(x^2) + eps) * gamma                   torch.nn.RMSNorm (no beta; torch < 2.4: ours)
     dyt        y = tanh(alpha x) * gamma + beta                          alpha: one learned scalar per norm
     derf       y = erf(alpha x + s) * gamma + beta                       alpha, s: learned scalars per norm
 
@@ -89,6 +89,24 @@ NORM_OPTIONS = (
 #: the norm each option other than ``norm`` belongs to
 OPTION_NORM = {"dyt_alpha": "dyt", "dyt_attn_alpha": "dyt", "dyt_ffn_alpha": "dyt", "dyt_final_alpha": "dyt",
                "derf_alpha": "derf", "derf_shift": "derf", "rmsnorm_eps": "rmsnorm"}
+
+
+class _RMSNorm(nn.Module):
+    """``torch.nn.RMSNorm`` for a torch before 2.4, which lacks it: ``y = x / sqrt(mean(x^2) + eps) * weight``."""
+
+    def __init__(self, normalized_shape: int, eps: float = 1e-5, elementwise_affine: bool = True):
+        super().__init__()
+        self.normalized_shape = (int(normalized_shape),)
+        self.eps = float(eps)
+        self.weight = nn.Parameter(torch.ones(normalized_shape)) if elementwise_affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return y * self.weight if self.weight is not None else y
+
+
+#: torch's RMSNorm (torch >= 2.4), else the same computation
+RMSNorm = getattr(nn, "RMSNorm", None) or _RMSNorm
 
 
 class NormMismatchError(ValueError):
@@ -174,7 +192,7 @@ def is_layer_norm(module: nn.Module) -> bool:
 
 def is_norm(module: nn.Module) -> bool:
     """Any of the four norms (the modules the range report reads the inputs of)."""
-    return is_layer_norm(module) or isinstance(module, (nn.RMSNorm, DynamicTanh, DynamicErf))
+    return is_layer_norm(module) or isinstance(module, (RMSNorm, DynamicTanh, DynamicErf))
 
 
 def position(name: str) -> str:
@@ -195,7 +213,7 @@ def make_norm(layer_norm: nn.Module, options: NormOptions, where: str) -> nn.Mod
     affine = getattr(layer_norm, "weight", None) is not None
     if options.kind == "rmsnorm":
         eps = options.rmsnorm_eps if options.rmsnorm_eps is not None else float(layer_norm.eps)
-        new = nn.RMSNorm(c, eps=eps, elementwise_affine=affine)
+        new = RMSNorm(c, eps=eps, elementwise_affine=affine)
     elif options.kind == "dyt":
         new = DynamicTanh(c, options.alpha(position(where)))
     elif options.kind == "derf":

@@ -23,7 +23,7 @@ from torch import nn
 
 import references
 from conftest import build_model, make_dictionary, random_batch
-from fairseq_residual.norms import (NORM_OPTIONS, NORMS, DynamicErf, DynamicTanh, NormMismatchError,
+from fairseq_residual.norms import (NORM_OPTIONS, NORMS, DynamicErf, DynamicTanh, NormMismatchError, RMSNorm,
                                     is_layer_norm)
 from fairseq_residual.schemes import SCHEME_NAMES, SCHEMES, get_scheme
 from fairseq_residual.schemes.base import OptionError
@@ -65,7 +65,7 @@ def rms_reference(m, x, eps):
 
 def norm_reference(m, x, eps=references.EPS):
     """The formula of whichever norm ``m`` is (the transcription's eps for LayerNorm and RMSNorm)."""
-    if isinstance(m, nn.RMSNorm):
+    if isinstance(m, RMSNorm) or type(m).__name__ == "_RMSNorm":
         return rms_reference(m, x, eps)
     if isinstance(m, DynamicTanh):
         return dyt_reference(m, x)
@@ -85,11 +85,13 @@ def _randomised(module, seed=0):
     return module
 
 
-@pytest.mark.parametrize("kind", ["rmsnorm", "dyt", "derf"])
+@pytest.mark.parametrize("kind", ["rmsnorm", "rmsnorm_before_torch_2_4", "dyt", "derf"])
 def test_each_norm_module_equals_its_formula(kind):
+    from fairseq_residual.norms import _RMSNorm
+
     x = 3 * torch.randn(5, 2, 16)  # T x B x C
-    m = {"rmsnorm": lambda: nn.RMSNorm(16, eps=1e-5), "dyt": lambda: DynamicTanh(16, 0.5),
-         "derf": lambda: DynamicErf(16, 0.5, 0.0)}[kind]()
+    m = {"rmsnorm": lambda: RMSNorm(16, eps=1e-5), "rmsnorm_before_torch_2_4": lambda: _RMSNorm(16, eps=1e-5),
+         "dyt": lambda: DynamicTanh(16, 0.5), "derf": lambda: DynamicErf(16, 0.5, 0.0)}[kind]()
     _randomised(m)
     got = m(x)
     want = norm_reference(m, x, 1e-5)
@@ -135,7 +137,7 @@ def test_every_norm_with_a_few_schemes_matches_the_transcription(scheme, norm, m
     flags, ref = _transcriptions(scheme)
     plain = tiny(scheme, *DEPTH, *flags, d=d)
     model = tiny(scheme, *DEPTH, *flags, "--norm", norm, d=d)
-    norms = [name for name, m in model.named_modules() if isinstance(m, (nn.LayerNorm, nn.RMSNorm, DynamicTanh,
+    norms = [name for name, m in model.named_modules() if isinstance(m, (nn.LayerNorm, RMSNorm, DynamicTanh,
                                                                          DynamicErf))]
     assert norms == _layer_norms(plain), "every LayerNorm, and only those, replaced in place"
     assert _layer_norms(model) == ([] if norm != "layernorm" else norms)
@@ -176,7 +178,7 @@ def test_every_scheme_honours_rmsnorm_or_refuses_it_with_a_reason(scheme):
     plain = tiny(scheme, d=d)
     model = tiny(scheme, "--norm", "rmsnorm", d=d)
     assert _layer_norms(model) == []
-    rms = [name for name, m in model.named_modules() if isinstance(m, nn.RMSNorm)]
+    rms = [name for name, m in model.named_modules() if isinstance(m, RMSNorm)]
     assert rms and rms == _layer_norms(plain)
     assert int(model.encoder.residual_norm_id) == int(model.decoder.residual_norm_id) == 1
     src, lengths, prev, _ = random_batch(d)
