@@ -5,7 +5,8 @@ Load it with ``--user-dir fairseq_residual`` (fairseq-train, -generate, -interac
 ``--arch`` presets. One module per concern: ``schemes`` (one module per residual scheme behind one
 registry; ``schemes/admin_profile`` is Admin's profile file and its command line), ``residual`` (the
 residual protocol), ``stream_ops`` (the multi-stream connections' projection and update with closed-form
-backwards), ``config`` (options), ``layers`` (the protocol's encoder and decoder layers), ``encoder_decoder`` (stacks), ``model`` (registration and presets), ``checkpoint_compat`` (loading
+backwards), ``config`` (options), ``norms`` (``--norm``: RMSNorm, DyT or Derf in place of every LayerNorm),
+``layers`` (the protocol's encoder and decoder layers), ``encoder_decoder`` (stacks), ``model`` (registration and presets), ``checkpoint_compat`` (loading
 fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving and resuming), ``tasks`` (the
 ``translation_with_grad_norms`` task), ``lr_scheduler`` (``inverse_sqrt_nowarmup``, T-Fixup's schedule),
 ``optim_groups`` (per-parameter optimizer overrides, e.g. no weight decay, for every fairseq optimizer),

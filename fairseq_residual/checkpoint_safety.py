@@ -178,12 +178,13 @@ def _misfit(saved: dict, model) -> Optional[str]:
     """Why the model state ``saved`` (a checkpoint's ``model``) is not of this run's ``model``, or None.
 
     Compares the residual scheme of each stack (this plugin's ``residual_scheme_id`` buffers, when both
-    have them), then the shapes of every tensor of more than one element, as a multiset: names are not
+    have them) and its ``--norm`` (``residual_norm_id``, absent for LayerNorm), then the shapes of every tensor of more than one element, as a multiset: names are not
     compared, so the renames that the model's ``upgrade_state_dict`` applies to checkpoints of earlier
     versions do not count, and that upgrade (which may change the model it runs on) is not called.
     """
     from collections import Counter
 
+    from .norms import DEFAULT_NORM, NORM_BY_ID
     from .schemes import scheme_by_id
 
     own = model.state_dict()
@@ -196,6 +197,12 @@ def _misfit(saved: dict, model) -> Optional[str]:
                 theirs = f"id {int(saved[key])}"
             return (f"its {stack} was trained with residual scheme '{theirs}', this run's uses "
                     f"'{scheme_by_id(int(own[key])).name}'")
+        key = f"{stack}.residual_norm_id"  # --norm: absent for LayerNorm
+        if f"{stack}.residual_scheme_id" in own:
+            theirs, mine = (NORM_BY_ID.get(int(s[key]), f"id {int(s[key])}") if torch.is_tensor(s.get(key))
+                            else DEFAULT_NORM for s in (saved, own))
+            if theirs != mine:
+                return f"its {stack} was trained with --norm {theirs}, this run's uses --norm {mine}"
 
     def shapes(state):
         return Counter(tuple(t.shape) for t in state.values() if torch.is_tensor(t) and t.numel() > 1)

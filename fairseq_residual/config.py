@@ -7,6 +7,7 @@ that the encoder and decoder receive as ``cfg.residual_options``.
 """
 import argparse
 
+from .norms import add_norm_args, fill_norm_defaults, norm_options
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, SCHEMES, SchemeOptions, get_scheme
 from .schemes.base import OptionError
 
@@ -27,6 +28,7 @@ def add_residual_args(parser):
         + "; ".join(f"{s.name} ({s.label}): {s.update}" for s in SCHEMES)
         + f". Default: {DEFAULT_SCHEME}, or the scheme named by the --arch preset",
     )
+    add_norm_args(parser)
     for scheme in SCHEMES:
         scheme.add_args(parser)
 
@@ -39,6 +41,7 @@ def residual_defaults(args, scheme=DEFAULT_SCHEME):
         scheme: the scheme this preset stands for when ``--residual-scheme`` was not given.
     """
     args.residual_scheme = getattr(args, "residual_scheme", None) or scheme
+    fill_norm_defaults(args)
     for s in SCHEMES:
         s.fill_defaults(args)
 
@@ -49,7 +52,8 @@ def residual_options(args) -> SchemeOptions:
     Every scheme's options are validated against their declared ranges (an out-of-range value is an
     error whichever scheme is selected); an option of another scheme than the selected one, set to
     something else than its default, is refused the same way for every scheme; the stacks must have at
-    least one layer; the selected scheme then checks the fairseq options it cannot honour.
+    least one layer; the selected scheme then checks the fairseq options it cannot honour, and whether it
+    runs with the ``--norm`` given (:mod:`fairseq_residual.norms`).
 
     Raises:
         ValueError: unknown scheme, a stack without layers, an option outside its range or of another
@@ -90,9 +94,15 @@ def residual_options(args) -> SchemeOptions:
                 f"{' '.join(given)} or use --residual-scheme {scheme.name}"
             )
     selected.check_args(args)
+    norm = norm_options(args)
+    refusal = selected.norm_refusal(norm.kind, args)
+    if refusal:
+        raise OptionError(
+            f"--norm {norm.kind} is not supported with --residual-scheme {selected.name}: {refusal}; use --norm "
+            f"layernorm (model.norm=layernorm)")
     return SchemeOptions(scheme=selected, params=selected.options(args),
                          encoder_layers=depth["encoder"][0], decoder_layers=depth["decoder"][0],
-                         encoder_kept=depth["encoder"][1], decoder_kept=depth["decoder"][1])
+                         encoder_kept=depth["encoder"][1], decoder_kept=depth["decoder"][1], norm=norm)
 
 
 def _stack_option(args, stack, key):

@@ -16,9 +16,10 @@ Two kinds of stack, chosen by the scheme (:attr:`~fairseq_residual.schemes.base.
   alignment layer's attention averaged over heads, layer-drop, incremental decoding (fairseq's attention
   caches, reordered by the inherited ``reorder_incremental_state``: the residual state is per position).
 
-Every stack stores its scheme in the buffer ``residual_scheme_id`` so that loading a checkpoint of
-another scheme fails with an error naming both; checkpoints of fairseq's stock ``transformer`` (no
-such buffer) load into the matching scheme (``post_ln`` without a final LayerNorm, ``pre_ln`` with one).
+Every stack stores its scheme in the buffer ``residual_scheme_id`` (and a ``--norm`` other than LayerNorm in
+``residual_norm_id``) so that loading a checkpoint of another scheme (or norm) fails with an error naming both;
+checkpoints of fairseq's stock ``transformer`` (no such buffer) load into the matching scheme (``post_ln``
+without a final LayerNorm, ``pre_ln`` with one).
 """
 from typing import Dict, List, Optional, Tuple
 
@@ -29,6 +30,7 @@ from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
 from fairseq.modules import LayerNorm
 
+from .norms import DEFAULT_NORM, NORM_BY_ID, NORM_IDS, NormMismatchError
 from .residual import Site
 from .schemes import get_scheme, scheme_by_id, stock_scheme
 
@@ -49,7 +51,7 @@ class _ResidualStackMixin:
 
     stack = "encoder"
     # plain Python objects, used at build and load time only: not part of a TorchScript module
-    __jit_ignored_attributes__ = ["scheme", "residual_options"]
+    __jit_ignored_attributes__ = ["scheme", "residual_options", "residual_norm"]
 
     def _init_residual(self, cfg):
         # fairseq's name for the stack's dropout (--retain-dropout-modules TransformerEncoder / ...Decoder)
@@ -60,12 +62,17 @@ class _ResidualStackMixin:
         self.register_buffer(
             "residual_scheme_id", torch.tensor(self.scheme.scheme_id, dtype=torch.long)
         )
+        norm = cfg.residual_options.norm
+        self.residual_norm = DEFAULT_NORM if norm is None else norm.kind
+        if self.residual_norm != DEFAULT_NORM:  # a LayerNorm model's checkpoint holds no such buffer
+            self.register_buffer("residual_norm_id", torch.tensor(NORM_IDS[self.residual_norm], dtype=torch.long))
 
     def upgrade_state_dict_named(self, state_dict, name):
         """fairseq's upgrade, the scheme's renames of older parameter names, then the scheme check.
 
         Raises:
             SchemeMismatchError: the state dict was saved by a model of another residual scheme.
+            NormMismatchError: ... of another ``--norm`` (buffer ``residual_norm_id``, absent for LayerNorm).
         """
         prefix = f"{name}." if name else ""
         key = prefix + "residual_scheme_id"
@@ -80,6 +87,14 @@ class _ResidualStackMixin:
                 f"model's {self.stack} uses residual scheme '{self.residual_scheme}': load it with "
                 f"--residual-scheme {saved} (model.residual_scheme={saved}), or train the "
                 f"'{self.residual_scheme}' model from scratch in a new --save-dir"
+            )
+        norm_key = prefix + "residual_norm_id"
+        saved_norm = NORM_BY_ID.get(int(state_dict[norm_key]), "unknown") if norm_key in state_dict else DEFAULT_NORM
+        if saved_norm != self.residual_norm:
+            raise NormMismatchError(
+                f"the checkpoint's {self.stack} was trained with --norm {saved_norm} but this model's {self.stack} "
+                f"uses --norm {self.residual_norm}: load it with --norm {saved_norm} (model.norm={saved_norm}), "
+                f"or train the --norm {self.residual_norm} model from scratch in a new --save-dir"
             )
         self.scheme.upgrade_state_dict(state_dict, prefix, self.stack, self.residual_options)
         return super().upgrade_state_dict_named(state_dict, name)

@@ -44,6 +44,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from . import checkpoint_compat  # noqa: F401  (torch>=2.6 loading of fairseq checkpoints)
+from .norms import replace_layer_norms
 from .config import add_residual_args, as_namespace, residual_defaults, residual_options
 from .encoder_decoder import (
     DROPOUT_NAMES,
@@ -167,7 +168,8 @@ class ResidualTransformerModel(TransformerModel):
         """Build the model from an argparse Namespace (fairseq-train) or DictConfig (hydra).
 
         After fairseq built and initialised the model, the scheme re-initialises what it scales
-        (``ResidualScheme.initialize``).
+        (``ResidualScheme.initialize``); then, with ``--norm`` other than ``layernorm``, every LayerNorm is
+        replaced (:func:`fairseq_residual.norms.replace_layer_norms`).
 
         Raises:
             ValueError: invalid residual options (see ``config.residual_options``), or fairseq's
@@ -193,6 +195,8 @@ class ResidualTransformerModel(TransformerModel):
             # checkpoint keeps the trained depth, so that a model trained pruned reloads as the same sub-network
             args.encoder_layers, args.decoder_layers = options.encoder_layers, options.decoder_layers
         scheme.initialize(model, options)
+        if options.norm is not None:  # --norm: every LayerNorm, as the scheme initialised it, replaced
+            replace_layer_norms(model, options.norm)
         model.training_hook_pending = scheme.needs_training_hook
         return model
 

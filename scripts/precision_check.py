@@ -12,6 +12,10 @@ after ``--warmup`` linear warm-up updates from 1e-7, label smoothing 0.1, clippi
 synthetic copy task (random source sentences of 4-16 tokens over a 256-word vocabulary, target = the source
 reversed; ``--batch`` sentences per batch). Each result is the largest peak, with its site.
 
+``--norm rmsnorm|dyt|derf`` builds every model with that norm in place of each LayerNorm (the model's
+``--norm``; the peaks are then the inputs of those norms and the protocol's tensors as before); a scheme that
+refuses the norm is reported as refused.
+
 ``--dtype fp32`` (default) measures in fp32, where nothing overflows: a peak above 65504 says the sum would
 leave fp16's range. ``--dtype fp16`` / ``bf16`` runs the measurement forwards with the model in that dtype
 (the CPU has the kernels too) and reports an overflow as ``inf``; training stays fp32.
@@ -29,6 +33,7 @@ Writes JSON (``--out``, rewritten after every measurement: a run cut short keeps
     python scripts/precision_check.py --out range.json --markdown range.md                  # CPU, fp32
     python scripts/precision_check.py --overflow "resi_dual,resi_dual:--resi-dual-scale 0.05,pre_ln" \
         --layers-fp16 6 --out overflow.json                                                 # fp16 training
+    python scripts/precision_check.py --norm dyt --out range_dyt.json --markdown range_dyt.md  # DyT in every LayerNorm
     python scripts/precision_check.py --device cuda --dtype fp16 --embed-dim 512 --ffn-dim 2048 --heads 8 \
         --out range_fp16.json
 """
@@ -43,6 +48,9 @@ from pathlib import Path
 import torch
 
 from residual_studies.options import device, nonnegative_int, positive_float, positive_int
+
+#: ``--norm``'s values (fairseq_residual/norms.py; kept here so that --help needs no fairseq import)
+NORMS = ("layernorm", "rmsnorm", "dyt", "derf")
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "fairseq_residual")
@@ -92,7 +100,7 @@ def build_trainer(scheme, layers, a, d, extra=()):
             *(["--lr-scheduler", "inverse_sqrt", "--warmup-updates", a.warmup, "--warmup-init-lr", "1e-7"]
               if a.warmup > 0 else ["--lr-scheduler", "fixed"]), "--criterion", "label_smoothed_cross_entropy",
             "--label-smoothing", "0.1", "--clip-norm", "1.0", "--seed", a.seed, "--max-tokens", "100000",
-            "--no-save", "--num-workers", "0", *extra]
+            "--no-save", "--num-workers", "0", "--norm", a.norm, *extra]
     if a.device == "cpu":
         argv.append("--cpu")
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(),
@@ -182,6 +190,9 @@ def _args(argv):
                         "with --memory-efficient-fp16 for --updates updates at --layers-fp16 layers per stack and "
                         "log every update's loss scale, skip, forward peak and scaled-gradient peak")
     p.add_argument("--layers-fp16", type=positive_int, default=6, help="layers per stack of the --overflow runs")
+    p.add_argument("--norm", choices=NORMS, default="layernorm",
+                   help="what every LayerNorm computes (the model's --norm), for every run; an --overflow run's own "
+                        "'--norm X' after ':' wins; a scheme that refuses the norm is reported as refused")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads on the CPU")
     p.add_argument("--out", required=True, help="JSON, rewritten after every measurement")
     p.add_argument("--markdown", help="also write the tables as markdown here")
@@ -234,6 +245,8 @@ def main(argv=None):
                 entry["trained"] = measure(trainer, measure_batches, dtype)
             except Exception as e:  # noqa: BLE001  (recorded, the run goes on)
                 entry["error"] = f"{type(e).__name__}: {e}"
+                if "is not supported with --residual-scheme" in str(e) and "--norm" in str(e):
+                    entry["refused"] = True  # the scheme refuses --norm (its reason is the error)
             entry["seconds"] = round(time.time() - started, 1)
             print(f"{scheme} L={layers}: " + ", ".join(
                 f"{k} {v['peak']:.4g} ({v['site']})" for k, v in entry.items() if isinstance(v, dict))
@@ -247,7 +260,7 @@ def main(argv=None):
 def _cell(entry, moment):
     m = entry.get(moment)
     if m is None:
-        return "error" if "error" in entry else "-"
+        return "refused" if entry.get("refused") else "error" if "error" in entry else "-"
     peak = m["peak"]
     flag = " **>fp16**" if not math.isfinite(peak) or peak > FP16_MAX else ""
     return f"{peak:.3g}{flag}"
@@ -256,8 +269,9 @@ def _cell(entry, moment):
 def markdown(report, depths, get_scheme):
     """One table per moment (initialisation, trained): scheme x depth, the largest running sum and its stream."""
     lines = []
+    norm = report["settings"].get("norm", "layernorm")
     for moment, title in (("init", "at initialisation"), ("trained", f"after {report['settings']['updates']} updates")):
-        lines += [f"Largest |running sum| {title}",
+        lines += [f"Largest |running sum| {title}" + ("" if norm == "layernorm" else f", --norm {norm}"),
                   "", "| scheme | " + " | ".join(f"{L}+{L}" for L in depths) + " |",
                   "|---|" + "---:|" * len(depths)]
         for scheme, by_depth in report["results"].items():

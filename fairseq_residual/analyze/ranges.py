@@ -4,7 +4,7 @@ A running sum is a tensor that carries the residual from layer to layer, or a su
 LayerNorm brings it back to unit scale. Every scheme's are seen from two places, whatever its code path:
 
 * the input of every LayerNorm (fairseq's ``LayerNorm`` is ``torch.nn.LayerNorm``; apex's fused one is
-  matched by its class name): Post-LN's and DeepNorm's ``alpha * x + F(x)`` before their post-norm, the
+  matched by its class name), or of the RMSNorm, DyT or Derf that ``--norm`` put in its place: Post-LN's and DeepNorm's ``alpha * x + F(x)`` before their post-norm, the
   Pre-LN stream where a sub-layer reads it, the stack's last state before its final LayerNorm (ResiDual's
   ``x_a + x_d``, hyper-connections' ``sum_i h_i``);
 * every call of the residual protocol (:mod:`fairseq_residual.residual`): each tensor that a
@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import FP16_MAX
+from ..norms import is_norm
 from ..residual import StackResidual, SublayerResidual
 
 SUBLAYER_METHODS = ("prepare", "update")
@@ -33,7 +34,8 @@ STACK_METHODS = ("start", "between", "final_input")
 
 
 def _is_layer_norm(module: nn.Module) -> bool:
-    return isinstance(module, nn.LayerNorm) or type(module).__name__.endswith("LayerNorm")
+    """A LayerNorm, or what ``--norm`` put in its place (RMSNorm, DyT, Derf): its input is a running sum."""
+    return is_norm(module) or type(module).__name__.endswith("LayerNorm")
 
 
 def _peak(t: Tensor) -> float:

@@ -261,6 +261,10 @@ class Admin(ResidualScheme):
                    "copy would overwrite the omegas profiled on the first batch); its sums are renormalised after every "
                    "sub-layer")
     final_norm_eps = None
+    norm_refusals = dict.fromkeys(("dyt", "derf"), (
+        "the profiled omegas, omega_(k+1)^2 = omega_k^2 Var[x_k] + Var[F_k(x_k)], rest on each LN(omega x + F(x)) "
+        "bringing its sum back to unit variance (arXiv 2004.08249); DyT's tanh(a x) and Derf's erf(a x + s) do "
+        "not, so the recursion would not describe the model"))
     OPTIONS = (
         Option("admin_profile", str, None, "read the omegas from FILE (the reference's profile.ratio.init "
                "format, 'k r' per line, encoder k = 1..2N then decoder k = 1..3M) instead of profiling the "

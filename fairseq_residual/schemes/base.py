@@ -22,7 +22,7 @@ subclass and a scheme class, plus its module name in ``schemes/registry_order.py
 import argparse
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 from ..residual import SublayerResidual, StackResidual
 
@@ -46,6 +46,7 @@ class SchemeOptions:
         encoder_kept, decoder_kept: the indices (in the trained model) of the layers this model holds: all of
             them, or those of ``--{encoder,decoder}-layers-to-keep`` (fairseq's pruning of a LayerDrop-trained
             model), so that a kept layer's residual keeps its index and depth constants.
+        norm: the validated ``--norm`` options (:class:`fairseq_residual.norms.NormOptions`; None: LayerNorm).
     """
 
     scheme: "ResidualScheme"
@@ -54,6 +55,7 @@ class SchemeOptions:
     decoder_layers: int = 0
     encoder_kept: Tuple[int, ...] = ()
     decoder_kept: Tuple[int, ...] = ()
+    norm: Any = None
 
     def __post_init__(self):
         if isinstance(self.scheme, str):
@@ -188,7 +190,13 @@ class ResidualScheme:
         final_norm_needed: why the stack output's formula holds the final LayerNorm (``--no-decoder-final-norm``
             is then refused), or "" where the output is the last state, which ``--no-decoder-final-norm``
             leaves unnormalised in the decoder as fairseq's Pre-LN does.
-        has_layer_norm: False for schemes without any LayerNorm (``--layernorm-embedding`` is refused).
+        has_layer_norm: False for schemes without any LayerNorm (``--layernorm-embedding`` is refused, and
+            every ``--norm`` but ``layernorm``).
+        norm_refusals: ``{norm: why}``, the ``--norm`` values the scheme refuses (README's compatibility table
+            shows the reasons): where its maths (its exactness, or the argument behind its initialisation)
+            holds for LayerNorm's statistics only; :meth:`norm_refusal` may make a refusal conditional.
+        formula_norms: the normalisations of the scheme's own formula that are not LayerNorm modules and that
+            ``--norm`` leaves as they are (Markdown, README's compatibility table), or "".
         layerdrop: True when ``--{encoder,decoder}-layerdrop`` is allowed; else :attr:`no_layerdrop_reason`.
         OPTIONS: the scheme's own options (:class:`Option`).
         speed_goal: its goal in the speed benchmark (:class:`SpeedGoal`), or None for a scheme that is slower
@@ -213,6 +221,8 @@ class ResidualScheme:
     final_norm_eps: Optional[float] = 1e-5
     final_norm_needed: str = ""
     has_layer_norm: bool = True
+    norm_refusals: Mapping[str, str] = {}
+    formula_norms: str = ""
     layerdrop: bool = True
     no_layerdrop_reason: str = ""
     OPTIONS: Tuple[Option, ...] = ()
@@ -299,6 +309,16 @@ class ResidualScheme:
                         f"--{stack}-layers-to-keep is not supported with --residual-scheme {self.name}: "
                         f"{self.no_layerdrop_reason}; drop --{stack}-layers-to-keep"
                     )
+
+    def norm_refusal(self, norm: str, args) -> Optional[str]:
+        """Why this scheme cannot run with ``--norm norm`` given the options ``args``, or None (default: none
+        for ``layernorm``; every other norm refused where the scheme has no LayerNorm; else
+        :attr:`norm_refusals`)."""
+        if norm == "layernorm":
+            return None
+        if not self.has_layer_norm:
+            return "it has no LayerNorm to replace"
+        return self.norm_refusals.get(norm)
 
     # ------------------------------------------------------------------ building (protocol schemes)
     def sublayer_residual(self, cfg, site) -> SublayerResidual:

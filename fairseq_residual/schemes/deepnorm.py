@@ -86,6 +86,10 @@ class DeepNorm(ResidualScheme):
               "4000, dropout 0.3, weight decay 1e-4: the Post-LN recipe of `configs/`.")
     fp16_advice = "fp16 as is: renormalised after every sub-layer"
     final_norm_eps = None
+    norm_refusals = dict.fromkeys(("dyt", "derf"), (
+        "alpha and beta come from bounding the model update of a Post-LN whose LN(alpha x + F(x)) brings every "
+        "sub-layer's sum back to unit scale (arXiv 2203.00555 sec. 4); DyT's tanh(a x) and Derf's erf(a x + s) do "
+        "not normalise, so alpha x would compound through the stack and the derivation no longer holds"))
 
     def sublayer_residual(self, cfg, site):
         return DeepNormResidual(site)

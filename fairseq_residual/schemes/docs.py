@@ -97,9 +97,16 @@ def _range(option) -> str:
 
 
 def options_table() -> List[str]:
-    """(b) ``--residual-scheme`` and every scheme option: its Hydra key, range and default."""
+    """(b) ``--residual-scheme``, ``--norm`` and its options, and every scheme option: its Hydra key, range and
+    default."""
+    from ..norms import NORM_OPTIONS, OPTION_NORM
+
     rows = [["`--residual-scheme` (`model.residual_scheme`)", "all", ", ".join(f"`{n}`" for n in SCHEME_NAMES),
              f"`{DEFAULT_SCHEME}`, or the `--arch` preset's", "where LayerNorm and the residual connection go"]]
+    for o in NORM_OPTIONS:
+        flag = f"`{o.flag} {o.metavar}`" if o.metavar else f"`{o.flag}`"
+        owner = f"all, with `--norm {OPTION_NORM[o.dest]}`" if o.dest in OPTION_NORM else "all"
+        rows.append([f"{flag} (`model.{o.dest}`)", owner, _range(o), _default(o), o.help])
     for s in SCHEMES:
         options = list(s.OPTIONS)
         while options:
@@ -182,6 +189,23 @@ def _flags(entries) -> str:
     return ", ".join(f"`{f}`" for f in entries)
 
 
+def norm_cell(scheme) -> str:
+    """What ``--norm`` the scheme takes: all, or which it refuses and why (:attr:`norm_refusals`), and the
+    norms of its formula that ``--norm`` leaves."""
+    from ..norms import NORMS
+
+    if not scheme.has_layer_norm:
+        text = "`layernorm` only: it has no LayerNorm to replace"
+    else:
+        by_reason: Dict[str, List[str]] = {}
+        for norm in NORMS:
+            if norm in scheme.norm_refusals:
+                by_reason.setdefault(scheme.norm_refusals[norm], []).append(norm)
+        text = "; ".join(f"refused ({', '.join(f'`{n}`' for n in norms)}): {reason}"
+                         for reason, norms in by_reason.items()) or "all"
+    return text + (f"; kept: {scheme.formula_norms}" if scheme.formula_norms else "")
+
+
 def compat_table() -> List[str]:
     """(d) what each scheme accepts of fairseq's ``transformer`` options, as its code checks them."""
     found = refusals()
@@ -198,12 +222,13 @@ def compat_table() -> List[str]:
             ("as fairseq (its own layers)" if s.fairseq_path else "yes") if not sub else
             "refused: they change fairseq's sub-layer code" if sub == every["sublayer"] else f"refused ({_flags(sub)})",
             _flags(f.get("other", [])) or "none",
+            norm_cell(s),
             "yes",
             "yes",
             "; ".join(filter(None, ["refused: " + _flags(fp16) if fp16 else "", s.fp16_advice])),
         ])
     return _table(["scheme", "layer-drop, pruning", "`--cross-self-attention`, NormFormer (`scale_*`)",
-                   "other options refused", "TorchScript", "`--retain-dropout-modules`", "fp16 / bf16"], rows)
+                   "other options refused", "`--norm`", "TorchScript", "`--retain-dropout-modules`", "fp16 / bf16"], rows)
 
 
 #: block name -> its generator

@@ -358,6 +358,8 @@ class HyperConnections(ResidualScheme):
     fp16_advice = ("`--fp16` with weight decay needs `--fp16-no-flatten-grads` (fairseq's flat fp32 copy has no room "
                    "for the static weights' own parameter group); as Pre-LN: its streams grow and have no scale "
                    "(coefficients and the stream sum are computed in fp32)")
+    formula_norms = ("the parameter-free `LN_hc` of the dynamic coefficients (eq. 10-11: part of the connection, "
+                     "not a LayerNorm module)")
     OPTIONS = (
         Option("hc_streams", int, 4, "number n of residual streams", low=1, high=16, metavar="N"),
         Option("hc_dynamic", bool, True, "dynamic connections (paper eq. 10-13) on top of the static ones "

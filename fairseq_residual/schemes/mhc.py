@@ -370,6 +370,7 @@ class MHC(ResidualScheme):
               "one cannot be the other.")
     fp16_advice = ("as Pre-LN: its streams grow and have no scale (its coefficients and the stream sum are "
                    "computed in fp32)")
+    formula_norms = "the parameter-free RMSNorm of the coefficients' input (eq. 7: part of the connection)"
     OPTIONS = (Option("mhc_streams", int, 4, "number n of residual streams", low=1, high=16, metavar="N"),
                Option("mhc_compile", bool, False, COMPILE_HELP, negative="--mhc-no-compile"))
 

@@ -145,6 +145,7 @@ class ReorderedNorm(ResidualScheme):
               "ablations introduce the reordered norm together with QK-norm; no translation recipe.")
     fp16_advice = ("its stream grows with depth and training and has no scale: measure a checkpoint, and train "
                    "in bf16 where the peak nears a tenth of 65,504")
+    formula_norms = "QK-norm's RMSNorm (`--reordered-norm-qk-norm`, OLMo 2's)"
     OPTIONS = (
         Option("reordered_norm_qk_norm", bool, False, "RMS-normalise the queries and keys of every attention after "
                "their projections, over the width C, as OLMo 2 (--reordered-norm-qk-norm) or not "

@@ -194,6 +194,19 @@ class ResiDual(ResidualScheme):
                "x_d = c*emb (the authors' code), or from zeros, x_d = c*sum(h) (ablation)", choices=START_FROM),
     )
 
+    norm_refusals = dict.fromkeys(("dyt", "derf"), (
+        "with a dual-stream scale c below 1 (--resi-dual-scale; the opus100 preset's 0.05): c is a pure fp16 range "
+        "device because LN_final(c x) = LN_final(x) (eps scaled by c^2), which holds for LayerNorm and RMSNorm, "
+        "not for DyT's tanh(a c x) or Derf's erf(a c x + s): c would change the model; use --resi-dual-scale 1"))
+
+    def norm_refusal(self, norm, args):
+        """DyT and Derf only where both stacks' c is 1 (:attr:`norm_refusals`)."""
+        scales = [getattr(args, f"{s}_resi_dual_scale", None) or getattr(args, "resi_dual_scale", 1.0) or 1.0
+                  for s in ("encoder", "decoder")]
+        if norm in self.norm_refusals and all(float(c) == 1.0 for c in scales):
+            return None
+        return super().norm_refusal(norm, args)
+
     def fill_defaults(self, args):
         super().fill_defaults(args)
         for stack in ("encoder", "decoder"):
