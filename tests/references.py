@@ -669,6 +669,8 @@ class AttnRes(Transcription):
         self.blocks, self.rms_keys, self.restart = blocks, rms_keys, restart
 
     def _average(self, res, blocks, partial):
+        if not blocks:  # the stack's first sub-layer: one source, v_0, and no query (a softmax over one is 1)
+            return partial
         V = torch.stack(blocks + [partial])  # n x T x B x C
         K = V * torch.rsqrt(V.pow(2).mean(-1, keepdim=True) + 1e-6) * res.key_gain if self.rms_keys else V
         logits = torch.einsum("c,ntbc->ntb", res.query, K)

@@ -41,7 +41,8 @@ number as ``w . RMSNorm(v)`` without materialising the normalised sources; the s
 autograd keeps the outputs themselves, not (sources x T x B x C) copies per sub-layer; norms, logits and the
 softmax in fp32, the average accumulated in fp32 and rounded once to the model's dtype. Parameters:
 ``layers.i.{self_attn,encoder_attn,ffn}_residual.{query,key_gain}`` and ``{encoder,decoder}.residual.{query,
-key_gain}`` (2C per sub-layer plus 2C per stack), in fairseq's weight-decay group like every parameter.
+key_gain}`` (2C per sub-layer plus 2C per stack), in fairseq's weight-decay group like every parameter; the
+stack's first sub-layer has none: its only source is v_0, which it reads as it is (softmax over one source).
 
 Encoder-decoder (the project's reading; the paper and the code are decoder-only language models):
 
@@ -156,6 +157,15 @@ class AttnResResidual(SublayerResidual):
         return super().extra_repr() + f", starts_source={self.starts}"
 
 
+class FirstAttnResResidual(SublayerResidual):
+    """The stack's first sub-layer: its only source is v_0 (a softmax over one source is 1), so it reads the
+    embedding output as it is and has no pseudo-query or gain (they would get no gradient); its output starts
+    the next source."""
+
+    def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
+        return [out] + sources_of(state)
+
+
 class AttnResStack(StackResidual):
     """The stack's side of AttnRes: the state starts as ``[v_0]``; the output is LN_final of the average of all
     sources with the stack's own ``query`` and ``key_gain``.
@@ -251,6 +261,8 @@ class AttnRes(ResidualScheme):
                 )
 
     def sublayer_residual(self, cfg, site):
+        if site.index == 0:
+            return FirstAttnResResidual(site)
         blocks = cfg.residual_options.params.blocks
         starts = blocks == 0 or (site.kind == "self_attn" and starts_block(site.layer, site.layers, blocks))
         return AttnResResidual(site, starts)
