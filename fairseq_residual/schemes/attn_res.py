@@ -37,9 +37,12 @@ check it. It is not Pre-LN at the start (a mean, not a sum); karpathy/nanochat P
 standard residual and added AttnRes as a zero-gated correction, which is not this scheme.
 
 Computation (``aggregate``): the logit of source v is ``rsqrt(mean(v^2) + eps) * (v . (g * w))``, the same
-number as ``w . RMSNorm(v)`` without materialising the normalised sources; the sources are not stacked, so
-autograd keeps the outputs themselves, not (sources x T x B x C) copies per sub-layer; norms, logits and the
-softmax in fp32, the average accumulated in fp32 and rounded once to the model's dtype. Parameters:
+number as ``w . RMSNorm(v)`` without materialising the normalised sources; the sources are not stacked, so in
+fp32 autograd keeps the outputs themselves, not (sources x T x B x C) copies per sub-layer. Norms, logits and
+the softmax are computed in fp32, the average accumulated in fp32 and rounded once to the model's dtype; in
+bf16 / fp16 the logits read an fp32 copy of each source, which autograd keeps: n fp32 vectors per position
+for a sub-layer with n sources (Full: O(L^2) per stack, Block: at most N + 1 per sub-layer), the price of
+fp32 coefficients. Parameters:
 ``layers.i.{self_attn,encoder_attn,ffn}_residual.{query,key_gain}`` and ``{encoder,decoder}.residual.{query,
 key_gain}`` (2C per sub-layer plus 2C per stack), in fairseq's weight-decay group like every parameter; the
 stack's first sub-layer has none: its only source is v_0, which it reads as it is (softmax over one source).
@@ -104,17 +107,17 @@ def aggregate(sources: List[Tensor], query: Tensor, gain: Tensor, eps: float) ->
     if len(sources) == 1:
         return sources[0]
     first = sources[0]
-    width = first.shape[-1]
-    q = (query.float() * gain.float()).to(first.dtype)
+    acc = torch.promote_types(first.dtype, torch.float32)  # fp32, or fp64 for fp64 sources
+    q = query.to(acc) * gain.to(acc)
     logits: List[Tensor] = []
     for v in sources:
-        ms = torch.linalg.vector_norm(v, 2.0, dim=[-1], dtype=torch.float32).pow(2) / width  # T x B
-        logits.append(torch.matmul(v, q).float() * torch.rsqrt(ms + eps))
-    alpha = torch.softmax(torch.stack(logits, dim=0), dim=0).unsqueeze(-1)  # n x T x B x 1, fp32
-    if first.dtype == torch.float32:
+        vf = v.to(acc)  # the source itself in fp32 training; a copy in bf16 / fp16
+        logits.append(torch.matmul(vf, q) * torch.rsqrt(vf.pow(2).mean(-1) + eps))  # T x B
+    alpha = torch.softmax(torch.stack(logits, dim=0), dim=0).unsqueeze(-1)  # n x T x B x 1
+    if first.dtype == acc:
         h = first * alpha[0]
     else:
-        h = torch.addcmul(torch.zeros_like(first, dtype=torch.float32), first, alpha[0])
+        h = torch.addcmul(torch.zeros_like(first, dtype=acc), first, alpha[0])
     for i in range(1, len(sources)):
         h = torch.addcmul(h, sources[i], alpha[i])
     return h.to(first.dtype)
@@ -187,11 +190,12 @@ class AttnResStack(StackResidual):
 
     def view(self, state: List[Tensor]) -> Tensor:
         """The uniform average of the sources after a layer (what a sub-layer with w = 0 would read),
-        T x B x C."""
-        h = state[0]
+        T x B x C, summed in fp32 and rounded once."""
+        acc = torch.promote_types(state[0].dtype, torch.float32)
+        h = state[0].to(acc)
         for s in state[1:]:
-            h = h + s
-        return h / float(len(state))
+            h = h + s.to(acc)
+        return (h / float(len(state))).to(state[0].dtype)
 
     def extra_repr(self):
         return f"layers={self.num_layers}, " + (f"blocks={self.blocks}" if self.blocks else "full")
