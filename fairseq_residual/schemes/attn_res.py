@@ -235,7 +235,6 @@ class AttnRes(ResidualScheme):
     layerdrop = False
     no_layerdrop_reason = ("a dropped layer would remove sources and shift the block boundaries and the "
                            "pseudo-queries' sources")
-    speed_goal = None  # each sub-layer reads all earlier sources (Full: O(L^2) reads per stack): slower by design
     OPTIONS = (
         Option("attn_res_blocks", int, 0, "N, the number of blocks per stack (Block AttnRes: each stack's layers "
                "split into N consecutive blocks, summed inside a block, averaged across blocks; at most the depth "
