@@ -1,5 +1,5 @@
-"""Attention Residuals (Kimi Team 2026, "Attention Residuals", arXiv 2603.15031, sec. 3: Full AttnRes, sec. 3.2
-/ fig. 2: Block AttnRes): every sub-layer reads a softmax-weighted average over depth of the outputs before it,
+"""Attention Residuals (Kimi Team 2026, "Attention Residuals", arXiv 2603.15031: Full AttnRes, and Block AttnRes
+with the pseudo-code the official README reproduces): every sub-layer reads a softmax-weighted average over depth of the outputs before it,
 instead of their plain sum,
 
     v_0 = embedding output (after dropout),   v_i = drop(F_i(LN_i(h_i)))          T x B x C each
@@ -9,8 +9,9 @@ instead of their plain sum,
 for the sub-layers l = 1..L of a stack in order (self-attention, cross-attention, FFN are each a sub-layer),
 with one learned pseudo-query w_l in R^C per sub-layer; the softmax runs, at every position on its own, over the
 sources i (not over positions). ``RMSNorm_l(v) = g_l * v / sqrt(mean(v^2) + 1e-6)`` over the width C, with a
-learned gain g_l per sub-layer (the official pseudo-code's ``attn_res_norm`` / ``mlp_res_norm`` modules; as
-w_l . (g_l * u) = (w_l * g_l) . u it changes how the logits learn, not what they can express). The branch is
+learned gain g_l per sub-layer: the official pseudo-code has one RMSNorm module per sub-layer (``attn_res_norm``,
+``mlp_res_norm``) without showing its gain or eps; the gain is the re-implementations' (as w_l . (g_l * u) =
+(w_l * g_l) . u it changes how the logits learn, not what they can express), the eps 1e-6 a choice. The branch is
 Pre-LN's: the sub-layer's own fairseq LayerNorm normalises h_l before F.
 
 **Block AttnRes** (``--attn-res-blocks N``, N >= 1): the stack's layers are split into N consecutive blocks
@@ -19,7 +20,7 @@ differ by one otherwise). Inside a block the outputs add up into a partial block
 the sources of a sub-layer are the completed block sums b_0 = v_0 (the embedding is its own block), b_1, ...,
 b_{n-1} and the current partial sum b_n^i (absent at a block's first sub-layer, whose sources are the
 completed blocks only: the official pseudo-code's ``blocks.append(partial_block)`` after the first
-sub-layer's average). The output's average reads the completed blocks and the last partial sum.
+sub-layer's average, its layers counted from 0). The output's average reads the completed blocks and the last partial sum.
 ``--attn-res-blocks 0`` (the default) is Full AttnRes: every sub-layer output is a source of its own.
 
 As MoonshotAI/Attention-Residuals ``README.md`` (its PyTorch-style pseudo-code, ``block_attn_res`` and the
@@ -219,14 +220,14 @@ class AttnRes(ResidualScheme):
     output = "LN_final(sum_i alpha_i v_i), with the stack's own w and RMSNorm"
     init = ("pseudo-queries `w = 0` (uniform average of the sources), RMSNorm gains 1; the zero query from "
             "re-implementations and secondary accounts of the paper, not checked in its text")
-    source = "Kimi Team 2026, arXiv 2603.15031, sec. 3 (Full AttnRes), sec. 3.2 and fig. 2 (Block AttnRes)"
+    source = "Kimi Team 2026, arXiv 2603.15031 (Full AttnRes; Block AttnRes, its pseudo-code as the README gives it)"
     reference = ("MoonshotAI/Attention-Residuals `README.md` (`block_attn_res` and the layer's `forward`; no code "
                  "for the stack's output, whose own query and RMSNorm follow public re-implementations)")
     reading = ("per stack, each over its own sources (v_0 its embedding); cross-attention is one more sub-layer and "
                "source, with keys and values the encoder output LN_final(h_(N+1)); blocks count layers (a "
                "decoder layer's three outputs share a block)")
-    recipe = ("Kimi Linear (48B total, 3B active MoE) on 1.4T tokens and scaling-law runs, Block AttnRes with "
-              "N = 8 (N = 2-8 about equal); no translation recipe. Position-wise over depth: decoding keeps nothing "
+    recipe = ("Kimi Linear (48B total, 3B active MoE) on 1.4T tokens and scaling-law runs of decoder-only "
+              "language models; Block AttnRes with about 8 blocks (the official README); no translation recipe. Position-wise over depth: decoding keeps nothing "
               "beyond fairseq's key/value cache (a step recomputes its position's sources: 1 + 3M, or at most "
               "N + 1, vectors of width C per hypothesis).")
     fp16_advice = ("its averages are bounded by the largest source, but a Block's partial sums grow inside the "
