@@ -652,3 +652,50 @@ def reference_forward(model, src, prev, ref):  # noqa: F811  (the driver, with a
 
 REFERENCES["reordered_norm"] = (["--reordered-norm-qk-norm"], ReorderedNorm(qk_norm=True),
                                 ReorderedNorm(qk_norm=True, input_norm=True))
+
+
+class AttnRes(Transcription):
+    """MoonshotAI/Attention-Residuals ``README.md`` pseudo-code (Kimi Team 2026, arXiv 2603.15031): a list of
+    completed ``blocks`` and a ``partial`` sum; before each sub-layer ``V = stack(blocks + [partial])``, ``K =
+    RMSNorm(V)`` (eps 1e-6, gain ``key_gain``), ``h = einsum(softmax_n(w . K), V)``, then, at a block boundary,
+    ``blocks.append(partial)`` and a new partial sum from the branch output ``F(LN(h))``. The stack starts with
+    ``blocks = []``, ``partial = embedding``; a boundary is every sub-layer (``blocks = 0``: Full AttnRes) or the
+    self-attention of the first layer of each of the N blocks (layer l in block ``l * N // L``); the output is
+    ``LN_final`` of the same average with the stack's own ``residual.query`` / ``residual.key_gain``.
+    ``rms_keys=False``: logits on the raw outputs (negative control); ``restart=False``: the partial sum is not
+    restarted at a boundary, so it carries the whole stream (negative control of the block logic)."""
+
+    def __init__(self, blocks=0, rms_keys=True, restart=True):
+        self.blocks, self.rms_keys, self.restart = blocks, rms_keys, restart
+
+    def _average(self, res, blocks, partial):
+        if not blocks:  # the stack's first sub-layer: one source, v_0, and no query (a softmax over one is 1)
+            return partial
+        V = torch.stack(blocks + [partial])  # n x T x B x C
+        K = V * torch.rsqrt(V.pow(2).mean(-1, keepdim=True) + 1e-6) * res.key_gain if self.rms_keys else V
+        logits = torch.einsum("c,ntbc->ntb", res.query, K)
+        return torch.einsum("ntb,ntbc->tbc", logits.softmax(0), V)
+
+    def _boundary(self, stack, l, kind):
+        if self.blocks == 0:
+            return True
+        n, L = self.blocks, stack.num_layers
+        return kind == "self_attn" and (l == 0 or l * n // L != (l - 1) * n // L)
+
+    def start(self, stack, x):
+        return ([], x)
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        blocks, partial = state
+        h = self._average(getattr(layer, f"{kind}_residual"), blocks, partial)
+        out = branch(ref_ln(getattr(layer, LN_OF[kind]), h))
+        if self._boundary(stack, l, kind):
+            return (blocks + [partial], out if self.restart else partial + out)
+        return (blocks, partial + out)
+
+    def out(self, stack, state):
+        blocks, partial = state
+        return ref_ln(stack.layer_norm, self._average(stack.residual, blocks, partial))
+
+
+REFERENCES["attn_res"] = (["--attn-res-blocks", 2], AttnRes(blocks=2), AttnRes(blocks=2, rms_keys=False))
