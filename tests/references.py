@@ -680,7 +680,7 @@ class MuddFormer(Transcription):
     ``sum_j dw[c, :, :, j, None] * hiddens[j]`` (the same sum as its ``einsum`` of the stacked hiddens); the next block reads q, k, v, r = streams[0..3] (block 0: X_0, one norm), the decoder's
     cross-attention the query ``LN_c(X^c + a)`` with c = streams[4] and a the self-attention output; after the
     last block only r. ``unit_weights``: W1, W2 are the stored weights over sqrt(fan_in)
-    (``--muddformer-unit-weights``). ``layout_lc``: the MLP output read as ``(L C)`` (stream index inner), the negative
+    (``--muddformer-unit-weights``, the default). ``layout_lc``: the MLP output read as ``(L C)`` (stream index inner), the negative
     control."""
 
     def __init__(self, layout_lc=False, unit_weights=False):
@@ -729,5 +729,4 @@ class MuddFormer(Transcription):
         return ref_ln(stack.layer_norm, state["x"])
 
 
-REFERENCES["muddformer"] = (["--muddformer-unit-weights"], MuddFormer(unit_weights=True),
-                             MuddFormer(layout_lc=True, unit_weights=True))
+REFERENCES["muddformer"] = ([], MuddFormer(unit_weights=True), MuddFormer(layout_lc=True, unit_weights=True))

@@ -1,5 +1,5 @@
 """MUDDFormer: the hidden-size rule and the identity initialisation (a new model is the Pre-LN model with the same
-weights), the reference's parametrisation (the default; tests/test_conformance.py runs --muddformer-unit-weights)
+weights), the reference's parametrisation (--muddformer-no-unit-weights; tests/test_conformance.py runs the default)
 against the transcription of Caiyun-AI/MUDDFormer (tests/references.py) with negative controls, and incremental
 decoding, which keeps nothing beyond fairseq's key/value cache."""
 import pytest
@@ -39,7 +39,9 @@ def test_hidden_sizes_and_identity_initialisation():
         expected = torch.zeros_like(c.bias)
         expected[:, -1] = 1.0
         assert torch.equal(c.bias, expected)
-        assert 0.5 < c.w1.std().item() * 16 ** 0.5 < 1.5  # N(0, 1/C)
+        assert 0.5 < c.w1.std().item() < 1.5  # unit weights: N(0, 1), W1 = w1 / sqrt(C) ~ N(0, 1/C)
+    ref = build(*SMALL, *DEPTH, "--muddformer-no-unit-weights").encoder.residual.connections[0]
+    assert 0.5 < ref.w1.std().item() * 16 ** 0.5 < 1.5 and ref.w1_scale == 1.0  # the reference's N(0, 1/C)
     assert model.encoder.layers[0].k_layer_norm is None and model.encoder.layers[1].k_layer_norm is not None
     no_ca = build(*SMALL, *DEPTH, "--no-cross-attention")
     assert no_ca.decoder.residual.num_streams == 4
@@ -50,7 +52,7 @@ def test_a_new_model_is_the_pre_ln_model_with_the_same_weights(unit):
     """Any Pre-LN weights (LayerNorms randomised too) copied into a new MUDDFormer, whose LN_k, LN_v are set to the
     layer's LN_q: the same log-probabilities and encoder output (the mixes start as the identity)."""
     d = make_dictionary()
-    flags = [*SMALL, *DEPTH] + (["--muddformer-unit-weights"] if unit else [])
+    flags = [*SMALL, *DEPTH] + ([] if unit else ["--muddformer-no-unit-weights"])
     ours = build(*flags, seed=3, d=d)
     pre_ln = build(*SMALL, *DEPTH, seed=3, d=d, scheme="pre_ln")
     torch.manual_seed(5)
@@ -114,6 +116,7 @@ class CrossQueryFromResidual(Reference):
 
 @pytest.mark.parametrize("flags", [[], ["--muddformer-no-round64"]])
 def test_the_reference_parametrisation_matches_the_transcription(flags):
+    flags = ["--muddformer-no-unit-weights", *flags]
     d = make_dictionary()
     model = build(*SMALL, *DEPTH, *flags, d=d, seed=2)
     randomise(model, 0.05)
@@ -137,7 +140,7 @@ def test_incremental_decoding_equals_the_full_forward_and_caches_nothing_more():
     state holds
     exactly the keys a Pre-LN decoder's holds (fairseq's attention caches): no per-token cache of layer outputs."""
     d = make_dictionary()
-    model = build(*SMALL, "--encoder-layers", 2, "--decoder-layers", 3, d=d, seed=4)
+    model = build(*SMALL, "--encoder-layers", 2, "--decoder-layers", 3, "--muddformer-no-unit-weights", d=d, seed=4)
     randomise(model, 0.05)
     model.eval()
     pre_ln = build(*SMALL, "--encoder-layers", 2, "--decoder-layers", 3, d=d, seed=4, scheme="pre_ln").eval()

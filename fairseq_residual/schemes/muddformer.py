@@ -32,6 +32,17 @@ reference, by design of this plugin: LayerNorm (affine, eps 1e-5) where it has R
 here is fairseq's), fairseq's attention and FFN; the mixes are accumulated in fp32 and rounded once to the
 model's dtype, and the coefficient MLP runs in fp32.
 
+Storage of W1 and W2 (``--muddformer-unit-weights``, the default): ``W1 = w1 / sqrt(C)``, ``W2 = w2 / sqrt(H)``
+with the stored w1 drawn from N(0, 1) and w2 = 0, the same function and the same initial function as the
+reference's weights (``--muddformer-no-unit-weights`` stores W1, W2 themselves, as the reference). The reason:
+the coefficients are unbounded, and a perturbation of the stored weights of a given size (an optimiser's step,
+the noise 0.3 per entry of this project's robustness checks) moves them by sqrt(fan_in) times more when W is
+stored itself: at C = H = 64, noise 0.3 gives coefficients of about +-15 whose cancelling mixes fp32 cannot
+resolve to 1e-5 (fp32 and fp64 differ by up to 3e-4 on the encoder output) and bf16 not to 0.08 in
+log-probability (2.8). The price, stated: Adam's steps on W1 and W2 are fan_in^(-1/2) times what they are on
+the reference's weights (1/sqrt(C) on W1, 1/8 on W2 at H = 64), a smaller effective learning rate for the
+dynamic part (b is stored as is).
+
 Encoder-decoder (the project's reading; the paper and its code are decoder-only language models):
 
 * Per stack: the encoder mixes its own X_0..X_N (X_0 the source embedding), the decoder its own X_0..X_M;
@@ -66,7 +77,7 @@ their gradients; the mixes are accumulated term by term, so autograd keeps the o
 Parameters: per stack ``{encoder,decoder}.residual.connections.{i}.w1`` (H_i x C), ``.w2`` (S_i (i+1) x H_i),
 ``.bias`` (S_i x (i+1)), S_i = 1 after the last layer; per layer from the second on ``k_layer_norm`` and
 ``v_layer_norm`` (LN_k, LN_v; LN_q is fairseq's ``self_attn_layer_norm``). At L = 6, C = 512 with rounding:
-about 0.4 M parameters per stack.
+0.20 M parameters per stack in the connections, 10 k in LN_k and LN_v.
 
 fairseq's layer-drop is refused: a dropped layer would shift the indices j of X_j, of the coefficients and of
 the connections.
@@ -96,7 +107,7 @@ class MuddFormerOptions:
     unit_weights: store W1, W2 at unit scale behind constant multipliers ``fan_in^(-1/2)``."""
 
     round64: bool = True
-    unit_weights: bool = False
+    unit_weights: bool = True
 
 
 def hidden_size(i: int, streams: int, last: bool, round64: bool = True) -> int:
@@ -225,7 +236,7 @@ class MuddStack(StackResidual):
 class SelfAttentionResidual(SublayerResidual):
     """Pre-LN's residual of a self-attention over the streams: the branch reads X^q (normalised by the layer's
     ``self_attn_layer_norm``) and, from the second layer on, hands X^k and X^v to the attention in the context
-    (``muddformer.key`` / ``muddformer.value``, removed again by :meth:`update`: a layer returns an empty
+    (``muddformer.key`` / ``muddformer.value``, which the attention takes out again: a layer returns an empty
     context); ``X^r = X^r + a`` and, with cross-attention, ``X^c = X^c + a``."""
 
     def __init__(self, site):
@@ -240,9 +251,6 @@ class SelfAttentionResidual(SublayerResidual):
         return state[1], state
 
     def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
-        if not self.first:
-            ctx.pop("muddformer.key")
-            ctx.pop("muddformer.value")
         if self.cross:
             return [state[0] + out, state[1], state[2], state[3], state[4] + out] + state[5:]
         return [state[0] + out] + state[1:]
@@ -279,13 +287,14 @@ class _MuddAttention:
         attn_mask: Optional[Tensor],
     ) -> Tensor:
         """Self-attention with queries ``x`` (T x B x C, ``LN_q(X^q)``), keys ``LN_k(ctx['muddformer.key'])`` and
-        values ``LN_v(ctx['muddformer.value'])`` (T x B x C each); ``x`` for all three in the first layer."""
+        values ``LN_v(ctx['muddformer.value'])`` (T x B x C each, removed from the context); ``x`` for all three in
+        the first layer."""
         key = x
         value = x
         if self.k_layer_norm is not None:
-            key = self.k_layer_norm(ctx["muddformer.key"])
+            key = self.k_layer_norm(ctx.pop("muddformer.key"))
         if self.v_layer_norm is not None:
-            value = self.v_layer_norm(ctx["muddformer.value"])
+            value = self.v_layer_norm(ctx.pop("muddformer.value"))
         out, _ = self.self_attn(query=x, key=key, value=value, key_padding_mask=key_padding_mask,
                                 incremental_state=incremental_state, need_weights=False, attn_mask=attn_mask)
         return out
@@ -319,7 +328,8 @@ class MuddFormer(ResidualScheme):
               "X_(i+1) = h + drop(FFN(LN(h)))")
     output = "LN_final(X^r_L), X^r_L = sum_j (b_Lj + A_Lj(X_L)) X_j"
     init = ("`W1` normal, std `C^(-1/2)`; `W2 = 0`; `b` one-hot 1 on the newest output (the Pre-LN model); "
-            "`LN_k`, `LN_v` gamma 1, beta 0")
+            "`LN_k`, `LN_v` gamma 1, beta 0; W1, W2 stored at unit scale behind `fan_in^(-1/2)` "
+            "(`--muddformer-no-unit-weights`: as the reference)")
     source = "Xiao et al. 2025 (MUDDFormer), arXiv 2502.12170, sec. 2, eq. 3-6"
     reference = ("Caiyun-AI/MUDDFormer `pytorch/muddformer/modeling_muddformer.py` (`MultiwayDynamicDenseBlock`, "
                  "`MUDDFormer.forward`; inference only), initialisation from its JAX `jax/MaxText/layers/llama2.py`; "
@@ -335,15 +345,15 @@ class MuddFormer(ResidualScheme):
     normalize_before = True
     layerdrop = False
     no_layerdrop_reason = "a dropped layer would shift the indices j of X_j and of the dense connections"
-    speed_goal = None  # O(L^2) mixes per stack by construction: its ratios are measured, not judged
     OPTIONS = (
         Option("muddformer_round64", bool, True, "round the hidden size of each coefficient MLP, (i+1) S (times 4 "
                "after the last layer), up past a multiple of 64 as the reference (--muddformer-round64, the "
                "default), or keep the product (--muddformer-no-round64)", negative="--muddformer-no-round64"),
-        Option("muddformer_unit_weights", bool, False, "store the coefficient MLPs' W1 and W2 at unit scale behind "
-               "constant multipliers fan_in^(-1/2) (--muddformer-unit-weights: the same function and initial "
-               "weights, but Adam's steps on W1, W2 are fan_in^(-1/2) times the reference's), or as the reference "
-               "stores them (--muddformer-no-unit-weights, the default)", negative="--muddformer-no-unit-weights"),
+        Option("muddformer_unit_weights", bool, True, "store the coefficient MLPs' W1 and W2 at unit scale behind "
+               "constant multipliers fan_in^(-1/2) (--muddformer-unit-weights, the default: the same function and "
+               "initial function, but Adam's steps on W1, W2 are fan_in^(-1/2) times those on the reference's "
+               "weights), or as the reference stores them (--muddformer-no-unit-weights)",
+               negative="--muddformer-no-unit-weights"),
     )
 
     def options(self, args):
