@@ -699,3 +699,85 @@ class AttnRes(Transcription):
 
 
 REFERENCES["attn_res"] = (["--attn-res-blocks", 2], AttnRes(blocks=2), AttnRes(blocks=2, rms_keys=False))
+def _attention_qkv(mha, q_in, k_in, v_in, key_padding_mask, causal):
+    """Attention with queries, keys and values from three inputs (T x B x C each), from the raw weights."""
+    T, B, C = q_in.shape
+    H = mha.num_heads
+    d = C // H
+    heads = lambda t: t.reshape(T, B, H, d).permute(1, 2, 0, 3)  # noqa: E731  B x H x T x d
+    q = heads(F.linear(q_in, mha.q_proj.weight, mha.q_proj.bias) * d ** -0.5)
+    k = heads(F.linear(k_in, mha.k_proj.weight, mha.k_proj.bias))
+    v = heads(F.linear(v_in, mha.v_proj.weight, mha.v_proj.bias))
+    scores = q @ k.transpose(-1, -2)
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    if causal:
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    out = (torch.softmax(scores, dim=-1) @ v).permute(2, 0, 1, 3).reshape(T, B, C)
+    return F.linear(out, mha.out_proj.weight, mha.out_proj.bias)
+
+
+class MuddFormer(Transcription):
+    """Caiyun-AI/MUDDFormer (``modeling_muddformer.py``: ``MUDDFormer.forward``, ``MultiwayDynamicDenseBlock``,
+    ``TransformerBlock`` with ``sepln``) on Pre-LN layers: hiddens = [X_0]; after block l (0-based) hiddens gets
+    its output, ``dw = W2 GELU(W1 RMSNorm_noscale(x))`` (eps 1e-6) is read as ``'T B (C L) -> C T B L'``, plus
+    ``dense_bs`` (the connection's ``bias``, C x L), and the streams are its ``layer_mix``,
+    ``sum_j dw[c, :, :, j, None] * hiddens[j]`` (the same sum as its ``einsum`` of the stacked hiddens); the next block reads q, k, v, r = streams[0..3] (block 0: X_0, one norm), the decoder's
+    cross-attention the query ``LN_c(X^c + a)`` with c = streams[4] and a the self-attention output; after the
+    last block only r. ``unit_weights``: W1, W2 are the stored weights over sqrt(fan_in)
+    (``--muddformer-unit-weights``, the default). ``layout_lc``: the MLP output read as ``(L C)`` (stream index inner), the negative
+    control."""
+
+    def __init__(self, layout_lc=False, unit_weights=False):
+        self.layout_lc, self.unit_weights = layout_lc, unit_weights
+
+    def start(self, stack, x):
+        pad = x.eq(0).all(-1).t()
+        self.pad = pad if pad.any() else None
+        return {"hiddens": [x], "streams": None, "x": x}
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        causal = stack.name == "decoder"
+        if kind == "self_attn":
+            s = state["streams"]
+            if s is None:
+                h = ref_ln(layer.self_attn_layer_norm, state["x"])
+                a = _attention_qkv(layer.self_attn, h, h, h, self.pad, causal)
+                r, c = state["x"], state["x"]
+            else:
+                a = _attention_qkv(layer.self_attn, ref_ln(layer.self_attn_layer_norm, s[0]),
+                                   ref_ln(layer.k_layer_norm, s[1]), ref_ln(layer.v_layer_norm, s[2]),
+                                   self.pad, causal)
+                r, c = s[3], (s[4] if len(s) > 4 else None)
+            return dict(state, x=r + a, cq=None if c is None else c + a)
+        if kind == "encoder_attn":
+            return dict(state, x=state["x"] + branch(ref_ln(layer.encoder_attn_layer_norm, state["cq"])))
+        return dict(state, x=state["x"] + branch(ref_ln(layer.final_layer_norm, state["x"])))
+
+    def between(self, stack, l, state):
+        hiddens = state["hiddens"] + [state["x"]]
+        conn = stack.residual.connections[l]
+        x = state["x"]
+        u = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        w1, w2 = conn.w1, conn.w2
+        if self.unit_weights:  # W = w / sqrt(fan_in)
+            w1, w2 = w1 / math.sqrt(w1.shape[1]), w2 / math.sqrt(w2.shape[1])
+        dw = F.linear(F.gelu(F.linear(u, w1)), w2)  # T x B x (C L)
+        C, L = conn.bias.shape
+        if self.layout_lc:
+            dw = dw.reshape(*dw.shape[:2], L, C).transpose(-1, -2)
+        dw = dw.reshape(*dw.shape[:2], C, L).permute(2, 0, 1, 3) + conn.bias[:, None, None, :]  # C x T x B x L
+        streams = [sum(dw[c, :, :, j, None] * hiddens[j] for j in range(L)) for c in range(C)]  # its layer_mix
+        return {"hiddens": hiddens, "streams": streams, "x": streams[3] if C > 1 else streams[0]}
+
+    def out(self, stack, state):
+        return ref_ln(stack.layer_norm, state["x"])
+
+
+REFERENCES["muddformer"] = ([], MuddFormer(), MuddFormer(layout_lc=True))
+
+#: the std of the noise tests/test_conformance.py adds to a scheme's norm and residual parameters where the
+#: default 0.3 leaves the scheme's working range: MUDDFormer's coefficient MLPs are unbounded, and 0.3 per entry
+#: of W1 and W2 (stored as the reference, fan-in 64) makes coefficients of about +-15 whose cancelling mixes
+#: fp32 cannot resolve to 1e-5 (fp32 and float64 up to 3e-4 apart)
+CONFORMANCE_NOISE = {"muddformer": 0.05}

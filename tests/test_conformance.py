@@ -24,7 +24,7 @@ from conftest import build_model, make_dictionary, random_batch
 from fairseq_residual.encoder_decoder import SchemeMismatchError
 from fairseq_residual.model import ARCH_NAMES, PRESETS
 from fairseq_residual.schemes import SCHEME_NAMES, SCHEMES, get_scheme
-from references import REFERENCES, reference_forward
+from references import CONFORMANCE_NOISE, REFERENCES, reference_forward
 
 
 TOL = 1e-5
@@ -45,12 +45,14 @@ def tiny(scheme, *flags, d=None, seed=None):
 
 def randomise_scheme_parameters(model, seed=1):
     """Non-trivial LayerNorm affine parameters and scheme parameters (omegas, layer-history weights,
-    ReZero's alphas, ...), so that a misplaced LayerNorm or a lost scheme parameter shows."""
+    ReZero's alphas, ...), so that a misplaced LayerNorm or a lost scheme parameter shows: noise of std 0.3, or
+    the scheme's ``CONFORMANCE_NOISE`` (tests/references.py)."""
+    scale = CONFORMANCE_NOISE.get(model.residual_scheme, 0.3)
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or "residual" in name:
-                p.add_(0.3 * torch.randn_like(p))
+                p.add_(scale * torch.randn_like(p))
 
 
 def test_every_registered_scheme_has_a_reference_transcription():
@@ -321,20 +323,22 @@ def test_presets_name_the_scheme(scheme):
 
 @pytest.mark.parametrize("scheme", SCHEME_NAMES)
 def test_readme_and_help_describe_the_scheme(scheme):
-    """The README's scheme table has a row for the scheme and its recommended training a bullet; the
-    model's --help names it with its update."""
+    """The README's scheme table has a row for the scheme and docs/schemes.md its recommended training a
+    bullet; the model's --help names it with its update."""
     import os
 
     from fairseq_residual.config import add_residual_args
     import argparse
 
-    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md"),
-              encoding="utf-8") as f:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
         readme = f.read()
+    with open(os.path.join(root, "docs", "schemes.md"), encoding="utf-8") as f:
+        details = f.read()
     assert f"\n| `{scheme}` " in readme or f"\n| `{scheme}` (default)" in readme
     s = get_scheme(scheme)
     if not s.fairseq_path:
-        assert f"\n* `{scheme}`: " in readme, f"README: no recommended training for {scheme}"
+        assert f"\n* `{scheme}`: " in details, f"docs/schemes.md: no recommended training for {scheme}"
     parser = argparse.ArgumentParser()
     add_residual_args(parser)
     text = parser.format_help()
