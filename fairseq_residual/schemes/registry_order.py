@@ -28,4 +28,5 @@ SCHEME_MODULES = (
     "value_residual",
     "laurel",
     "reordered_norm",
+    "depth_mup",
 )
