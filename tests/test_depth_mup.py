@@ -159,3 +159,16 @@ def test_flat_fp16_is_refused_with_the_fix():
         scheme.check_args(args)
     scheme.check_args(argparse.Namespace(fp16=True, memory_efficient_fp16=False, fp16_no_flatten_grads=True,
                                          bf16=False))
+
+
+def test_an_optimizer_without_eps_gets_the_learning_rate_only():
+    """fairseq's SGD has no eps: the layers' groups get lr x (L/L_base)^(alpha-1) and nothing else."""
+    from fairseq import optim
+
+    model = _model("--residual-scheme", "depth_mup", "--encoder-layers", "4", "--decoder-layers", "1",
+                   "--depth-base", "1", "--depth-alpha", "0.5")
+    cfg = argparse.Namespace(optimizer="sgd", lr=[LR], momentum=0.0, weight_decay=0.0)
+    optimizer = optim.build_optimizer(cfg, list(model.parameters()))
+    optimizer.set_lr(0.5)
+    lrs = sorted(g["lr"] for g in optimizer.param_groups)
+    assert lrs == pytest.approx([0.25, 0.5, 0.5]) and all("eps" not in g for g in optimizer.param_groups)
