@@ -13,6 +13,16 @@ treating them alike. They move also where their settings agree with the group's:
 model, not on the options' values, and a run resumed with other options finds the groups it saved. A flat fp16 master copy (``--fp16`` without
 ``--fp16-no-flatten-grads``) holds no per-parameter attribute: a scheme that needs overrides refuses that
 combination itself (:func:`fairseq_residual.schemes.hyper_connections.refuse_flat_fp16_with_weight_decay`).
+
+Two override keys are multipliers rather than settings, for rules that scale whatever the options give (Depth-µP's
+per-stack learning rate and eps, :mod:`fairseq_residual.schemes.depth_mup`):
+
+* ``lr_scale``: kept in the parameter group (``group["lr_scale"]``); the group's learning rate is the scheduler's
+  times it. Schedulers set every group's ``lr`` through the optimizer's ``set_lr``, which the wrapper follows by
+  multiplying each group that has an ``lr_scale`` (:func:`scale_lr_on_set`). The key is saved with the
+  optimizer's groups and restored by ``load_state_dict``, so a resumed run scales as the run it continues;
+* ``eps_scale``: multiplies the group's ``eps`` once, when the group is made (only a numeric ``eps``: Adam's,
+  Adagrad's; Adafactor's pair and optimizers without eps are left as they are).
 """
 import functools
 import logging
@@ -22,6 +32,22 @@ import fairseq.optim
 from .optimizer_order import remap_on_load
 
 logger = logging.getLogger(__name__)
+
+#: override keys that multiply a setting instead of replacing it
+LR_SCALE, EPS_SCALE = "lr_scale", "eps_scale"
+
+
+def _settings(group: dict, overrides) -> dict:
+    """The settings of a new group for parameters of ``group`` with ``overrides`` (``(key, value)`` pairs)."""
+    settings = {k: v for k, v in group.items() if k != "params"}
+    settings.update({k: v for k, v in overrides if k in group and k not in (LR_SCALE, EPS_SCALE)})
+    for k, v in overrides:
+        if k == LR_SCALE:
+            settings[LR_SCALE] = float(v)
+            settings["lr"] = group["lr"] * float(v)
+        elif k == EPS_SCALE and isinstance(group.get("eps"), (int, float)) and not isinstance(group["eps"], bool):
+            settings["eps"] = group["eps"] * float(v)
+    return settings
 
 
 def apply_overrides(optimizer) -> int:
@@ -44,13 +70,26 @@ def apply_overrides(optimizer) -> int:
         exempt = {id(p) for ps in by_override.values() for p in ps}
         group["params"] = [p for p in group["params"] if id(p) not in exempt]
         for overrides, params in by_override.items():
-            settings = {k: v for k, v in group.items() if k != "params"}
-            settings.update({k: v for k, v in overrides if k in group})
-            torch_optimizer.add_param_group(dict(settings, params=params))
+            torch_optimizer.add_param_group(dict(_settings(group, overrides), params=params))
             moved += len(params)
     if moved:
         logger.info(f"optimizer: {moved} parameter tensor(s) in groups of their own (optim_overrides)")
     return moved
+
+
+def scale_lr_on_set(optimizer) -> None:
+    """Make ``optimizer.set_lr(lr)`` (a fairseq optimizer; every scheduler sets the learning rate through it) give
+    each parameter group with an ``lr_scale`` the learning rate ``lr * lr_scale``, the others ``lr``.
+    ``get_lr`` reads the first group, which holds no override (the moved parameters' groups come after it)."""
+    set_lr = optimizer.set_lr
+
+    def scaled_set_lr(lr):
+        set_lr(lr)
+        for group in optimizer.param_groups:
+            if LR_SCALE in group:
+                group["lr"] = lr * group[LR_SCALE]
+
+    optimizer.set_lr = scaled_set_lr
 
 
 def _wrap(build):
@@ -58,6 +97,7 @@ def _wrap(build):
     def build_optimizer(cfg, params, *args, **kwargs):
         optimizer = build(cfg, params, *args, **kwargs)
         apply_overrides(optimizer)
+        scale_lr_on_set(optimizer)
         remap_on_load(optimizer)  # a checkpoint's optimizer state onto the parameters of the same name
         return optimizer
 

@@ -781,3 +781,20 @@ REFERENCES["muddformer"] = ([], MuddFormer(), MuddFormer(layout_lc=True))
 #: of W1 and W2 (stored as the reference, fan-in 64) makes coefficients of about +-15 whose cancelling mixes
 #: fp32 cannot resolve to 1e-5 (fp32 and float64 up to 3e-4 apart)
 CONFORMANCE_NOISE = {"muddformer": 0.05}
+class DepthMuP(Transcription):
+    """Depth-µP / CompleteP (arXiv 2310.02244, 2505.01618): x = x + (L_base/L)^alpha F(LN(x)), final LayerNorm;
+    L the layers of the stack (N in the encoder, M in the decoder). ``total_depth``: L = N + M for both stacks
+    (the negative control: the other reading of L in an encoder-decoder)."""
+
+    def __init__(self, alpha, base, total_depth=False):
+        self.alpha, self.base, self.total_depth = alpha, base, total_depth
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        depth = stack.n_enc + stack.n_dec if self.total_depth else \
+            (stack.n_enc if stack.name == "encoder" else stack.n_dec)
+        multiplier = (self.base / depth) ** self.alpha
+        return state + multiplier * branch(ref_ln(getattr(layer, LN_OF[kind]), state))
+
+
+REFERENCES["depth_mup"] = (["--depth-alpha", 0.5, "--depth-base", 4], DepthMuP(0.5, 4),
+                           DepthMuP(0.5, 4, total_depth=True))

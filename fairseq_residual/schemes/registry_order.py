@@ -30,4 +30,5 @@ SCHEME_MODULES = (
     "reordered_norm",
     "attn_res",
     "muddformer",
+    "depth_mup",
 )
