@@ -28,4 +28,6 @@ SCHEME_MODULES = (
     "value_residual",
     "laurel",
     "reordered_norm",
+    "mhc_lite",
+    "frac_connections",
 )
