@@ -25,11 +25,11 @@ assumes a norm with d/m weights); here a LayerNorm without parameters, hyper-con
 (OLMo's LayerNorm has none).
 
 lucidrains/hyper-connections (``hyper_connections/hyper_connections.py``, ``HyperConnections(num_residual_streams=1,
-num_fracs=m)``, ``split_fracs`` / ``merge_fracs``) computes a generalisation that is not this: its ``B`` is a
-full m x m matrix (every fraction of the branch output goes to every fraction, weight 1 at initialisation), and its
-static mixing is laid out so that at initialisation the branch input is fraction 1 repeated (m copies of h_1)
-and, for m >= 3, the carried fractions are not the identity: its model does not start as Pre-LN. This module
-follows the paper.
+num_fracs=m)``, ``split_fracs`` / ``merge_fracs``; read at its commit 4775103) computes a generalisation that is
+not this: its ``B`` is a full m x m matrix (every fraction of the branch output goes to every fraction, weight 1
+at initialisation: ``h'_j = ... + sum_i o_i``), and its static mixing is laid out so that at initialisation the
+branch input is not x (m = 2: ``[h_1, h_1]``; m = 4: ``[h_1, h_1, h_1, h_3]``) nor, for m >= 3, the carried
+fractions (m = 4: ``[h_1, h_1, h_2, h_4]``): its model does not start as Pre-LN. This module follows the paper.
 
 Computation (the same function, in hyper-connections' machinery: :class:`~fairseq_residual.schemes.
 hyper_connections.TanhConnection`): the m fractions of every position are rows of one projection with
