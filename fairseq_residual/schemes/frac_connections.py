@@ -37,8 +37,9 @@ hyper_connections.TanhConnection`): the m fractions of every position are rows o
 layer_norm_projection`); branch input and carried fractions from one (2m x m) by (m x C/m) product per position;
 coefficients and mixing in at least fp32 and never below the hidden state's precision. The state is one stream
 (T x B x C), as Pre-LN's; the stack output is ``LN_final(x)`` (Algorithm 1: the concatenation, then the final
-norm). The update's weights ``B`` go from ``prepare`` to ``update`` in the context and are taken out of it there:
-the layers return no context. Incremental decoding needs no cache: every coefficient depends on its own position.
+norm). The update's weights ``B`` go from ``prepare`` to ``update`` in the state between them, after the carried
+fractions: the layers return no context. Incremental decoding needs no cache: every coefficient depends on its own
+position.
 
 The project's reading of the encoder-decoder case (the paper is decoder-only): every sub-layer, cross-attention
 included, has its own frac-connection; cross-attention's keys and values are the encoder output. Parameters per
@@ -47,7 +48,7 @@ sub-layer (Algorithm 2's names): ``{kind}_residual.static_alpha`` (m x 2m = ``[Y
 ``dynamic_beta_scale``.
 """
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 import torch
 from torch import Tensor
@@ -82,6 +83,7 @@ class FracConnection(TanhConnection):
             raise ValueError(f"--frac-connections-fracs {m} does not divide the width {c} of the {site.stack}")
         self.n_fracs = m
         self.compile_training = False
+        self.coefficient_in_context = False  # B goes to update in the state: the layers return no context
         # [Y | A] = [I | I], m x 2m; B = 1 (eq. 15)
         self._connection_parameters(torch.cat([torch.eye(m), torch.eye(m)], dim=1), torch.ones(m), c // m, dynamic)
 
@@ -121,10 +123,6 @@ class FracConnection(TanhConnection):
         m = self.n_fracs
         new = torch.addcmul(carried.reshape(t, b, m, c // m), beta.unsqueeze(-1), out.reshape(t, b, m, c // m))
         return [new.view(t, b, c)]
-
-    def _take_coefficient(self, ctx: Dict[str, Tensor]) -> Tensor:
-        """``B``, taken out of ``ctx``: the layers return no context."""
-        return ctx.pop("streams.coefficient")
 
     @torch.jit.unused
     def width_mixing(self, x: Tensor, mask: Tensor) -> Tensor:

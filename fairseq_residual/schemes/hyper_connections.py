@@ -92,11 +92,17 @@ class StreamsConnection(SublayerResidual):
     where it cannot run), as they are otherwise (evaluation, incremental decoding, TorchScript).
     ``prepare_streams`` returns ``(branch input, [carried streams, update coefficients n x T x B])``; the state
     between sub-layers holds the streams only, the coefficients go to ``update`` in the context
-    (``ctx["streams.coefficient"]``)."""
+    (``ctx["streams.coefficient"]``), or, where :attr:`coefficient_in_context` is False (the schemes added after
+    the context's users were fixed, whose layers return no context), in the state ``prepare`` hands to
+    ``update``, after the carried streams."""
 
     compile_flag = ""
     # the inference cache (:meth:`_inference_parts`): a plain attribute, not part of a TorchScript module
     __jit_ignored_attributes__ = ["_parts_cache"]
+
+    def __init__(self, site):
+        super().__init__(site)
+        self.coefficient_in_context = True
 
     def prepare(self, state: List[Tensor], ctx: Dict[str, Tensor]) -> Tuple[Tensor, List[Tensor]]:
         """:meth:`prepare_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
@@ -107,6 +113,8 @@ class StreamsConnection(SublayerResidual):
             branch, parts = self._compiled_prepare(state)
         else:
             branch, parts = self.prepare_streams(state)
+        if not self.coefficient_in_context:
+            return branch, parts
         ctx["streams.coefficient"] = parts[1]
         return branch, parts[:1]
 
@@ -133,15 +141,10 @@ class StreamsConnection(SublayerResidual):
     def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
         """:meth:`update_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
         mode."""
-        parts = [state[0], self._take_coefficient(ctx)]
+        parts = [state[0], ctx["streams.coefficient"]] if self.coefficient_in_context else state
         if self.compile_training and self.training and not torch.jit.is_scripting():
             return self._compiled_update(parts, out)
         return self.update_streams(parts, out)
-
-    def _take_coefficient(self, ctx: Dict[str, Tensor]) -> Tensor:
-        """The update coefficients :meth:`prepare` left in ``ctx``; they stay there (a subclass may take them out,
-        so that its layers return no context)."""
-        return ctx["streams.coefficient"]
 
     @torch.jit.unused
     def _compiled_prepare(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:

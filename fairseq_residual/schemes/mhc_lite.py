@@ -41,12 +41,12 @@ permutations (a buffer, not saved in checkpoints). The coefficients and mixing a
 and never below the streams' precision. Per stack: mHC's (every stream starts as the embedding output; the
 stack output ``LN_final(sum_i h_i)``); the encoder-decoder reading is hyper-connections'. Parameters per
 sub-layer: mHC's names (``phi_pre``, ``phi_post``, ``phi_res`` nC x n!, ``b_pre``, ``b_post``, ``b_res`` n!,
-``alpha_pre``, ``alpha_post``, ``alpha_res``).
+``alpha_pre``, ``alpha_post``, ``alpha_res``). ``H_post`` goes from ``prepare`` to ``update`` in the state
+between them, after the carried streams (mHC's goes in the context): the layers return no context.
 """
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Dict
 
 import torch
 from torch import Tensor, nn
@@ -98,6 +98,7 @@ class LiteManifoldHyperConnection(ManifoldHyperConnection):
         # 0 for the identity (column 0), -8 for the other permutations
         self.b_res = nn.Parameter(torch.full((perms,), OFF_DIAGONAL_LOGIT).index_fill_(0, torch.tensor(0), 0.0))
         self.register_buffer("permutations", permutation_basis(n), persistent=False)
+        self.coefficient_in_context = False  # H_post goes to update in the state: the layers return no context
 
     def _residual_mixing(self, res: Tensor, p: int) -> Tensor:
         """``H_res = sum_k a_k P_k`` (n x n x P) with ``a = softmax(alpha_res x' phi_res + b_res)`` over the n!
@@ -112,10 +113,6 @@ class LiteManifoldHyperConnection(ManifoldHyperConnection):
         """:meth:`_residual_mixing` from the logits with the gate and bias applied (n! x P)."""
         n = self.n_streams
         return torch.mm(self.permutations.to(logits.dtype), torch.softmax(logits, dim=0)).view(n, n, p)
-
-    def _take_coefficient(self, ctx: Dict[str, Tensor]) -> Tensor:
-        """``H_post``, taken out of ``ctx``: the layers return no context."""
-        return ctx.pop("streams.coefficient")
 
     def extra_repr(self):
         return f"streams={self.n_streams}, permutations={self.phi_res.size(1)}"
@@ -146,7 +143,8 @@ class MHCLite(ResidualScheme):
                Option("mhc_lite_compile", bool, False, COMPILE_HELP, negative="--mhc-lite-no-compile"))
 
     def options(self, args):
-        return MHCLiteOptions(streams=int(args.mhc_lite_streams), compile=bool(getattr(args, "mhc_lite_compile", False)))
+        return MHCLiteOptions(streams=int(args.mhc_lite_streams),
+                              compile=bool(getattr(args, "mhc_lite_compile", False)))
 
     def sublayer_residual(self, cfg, site):
         opts = cfg.residual_options.params
