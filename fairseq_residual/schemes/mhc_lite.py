@@ -25,13 +25,14 @@ Initialisation: as this plugin's mHC, so that a new model starts as mHC's does, 
 0.01, ``b_pre`` one-hot on stream ``k mod n`` for the stack's k-th sub-layer (``H_pre`` 0.731 there, 1/2
 elsewhere: breaks the streams' symmetry), ``b_post = 0`` (``H_post = 1``; the paper's +1 / -1 would write
 1.46 o into one stream and 0.54 o into the others, which is not Pre-LN), ``b_res`` 0 for the identity and -8
-for the other n! - 1 permutations (the paper's; ``H_res`` 0.992 on the diagonal and 2.0e-3 off it at n = 4,
+for the other n! - 1 permutations (the paper's; ``H_res`` 0.994 on the diagonal and 2.0e-3 off it at n = 4,
 against mHC's within 1.3e-3 of the identity; while the n streams are copies of one stream any doubly
 stochastic ``H_res`` leaves them unchanged, so the start is Pre-LN whatever ``b_res``).
 
-Cost: ``phi_res`` has nC x n! weights per sub-layer and every position computes n! logits and an
-n^2 x n! product: n = 4: 24 (mHC: 16), n = 5: 120 (7.5 times mHC's 25-column projection). n >= 6 (720
-permutations, phi_res 720 nC) is refused: ``--mhc-lite-streams`` is at most :data:`MAX_STREAMS`.
+Cost: ``phi_res`` has nC x n! weights per sub-layer (mHC's nC x n^2) and every position computes n! logits
+and an n^2 x n! product: n = 4: 24 (mHC: 16), n = 5: 120 (mHC: 25). n >= 6 (720 permutations, phi_res 720 nC)
+is refused: ``--mhc-lite-streams`` is at most :data:`MAX_STREAMS`. Decoding keeps nothing per token beyond
+fairseq's key/value cache (every coefficient depends on its own position).
 
 Computation: mHC's code (:class:`~fairseq_residual.schemes.mhc.ManifoldHyperConnection`: one projection of the
 flattened streams with the RMSNorm applied after it, the stack's start projected once, positions-first
