@@ -35,7 +35,7 @@ PLAIN_AA = "plain (A/A)"
 
 
 #: the scheme options that compile the multi-stream connections (``--compile``)
-COMPILE_FLAGS = {"hyper_connections": "--hc-compile", "mhc": "--mhc-compile"}
+COMPILE_FLAGS = {"hyper_connections": "--hc-compile", "mhc": "--mhc-compile", "mhc_lite": "--mhc-lite-compile"}
 COMPILED = " (compiled)"
 
 
@@ -99,9 +99,9 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--compile", action="store_true",
-                   help="also time the hyper-connections / mHC blocks with their connections compiled "
-                        "(--hc-compile / --mhc-compile), as '<name> (compiled)'; the compiling (first step) is "
-                        "timed by wall clock and printed")
+                   help="also time the hyper-connections / mHC / mHC-lite blocks with their connections compiled "
+                        "(--hc-compile / --mhc-compile / --mhc-lite-compile), as '<name> (compiled)'; the compiling "
+                        "(first step) is timed by wall clock and printed")
     opts = p.parse_args(argv)
     torch.set_num_threads(opts.threads)
 

@@ -798,3 +798,69 @@ class DepthMuP(Transcription):
 
 REFERENCES["depth_mup"] = (["--depth-alpha", 0.5, "--depth-base", 4], DepthMuP(0.5, 4),
                            DepthMuP(0.5, 4, total_depth=True))
+class MHCLite(HyperConnections):
+    """mHC-lite (arXiv 2601.05732): mHC's H_pre = sigmoid(a_pre x' phi_pre + b_pre), H_post = 2 sigmoid(...) with
+    x' = RMSNorm(concatenated streams); weights w = softmax(a_res x' phi_res + b_res) over the n! permutations s_k of
+    itertools.permutations(range(n)) (in that order), h'_j = sum_k w_k h_(s_k(j)) + H_post[j] o (H_res = sum_k w_k P_k,
+    P_k[j, s_k(j)] = 1), h_in = sum_i H_pre[i] h_i. ``identity_only``: the permutation weights all on the identity
+    (no mixing of the streams)."""
+
+    def __init__(self, streams, identity_only=False):
+        super().__init__(streams)
+        self.identity_only = identity_only
+
+    def sublayer(self, stack, layer, l, kind, hs, branch):
+        import itertools
+
+        res = getattr(layer, f"{kind}_residual")
+        n = self.n
+        flat = torch.cat(hs, dim=-1)
+        x = flat / torch.sqrt(flat.pow(2).mean(dim=-1, keepdim=True) + 1e-20)
+        pre = torch.sigmoid(res.alpha_pre * (x @ res.phi_pre) + res.b_pre)
+        post = 2 * torch.sigmoid(res.alpha_post * (x @ res.phi_post) + res.b_post)
+        w = torch.softmax(res.alpha_res * (x @ res.phi_res) + res.b_res, dim=-1)
+        perms = list(itertools.permutations(range(n)))
+        h_in = sum(pre[..., i: i + 1] * hs[i] for i in range(n))
+        o = branch(ref_ln(getattr(layer, LN_OF[kind]), h_in))
+        if self.identity_only:
+            return [hs[j] + post[..., j: j + 1] * o for j in range(n)]
+        return [sum(w[..., k: k + 1] * hs[s[j]] for k, s in enumerate(perms)) + post[..., j: j + 1] * o
+                for j in range(n)]
+
+
+REFERENCES["mhc_lite"] = (["--mhc-lite-streams", 3], MHCLite(3), MHCLite(3, identity_only=True))
+
+
+class FracConnections(Transcription):
+    """Frac-connections (arXiv 2503.14125, eq. 6-14, Algorithm 2): x (T x B x C) split into m consecutive fractions
+    h_1..h_m of C/m; per fraction i, with hbar_i = LN(h_i) (no parameters), Y[i] = static_alpha[i, :m] +
+    s_a tanh(hbar_i W[:, :m]), A[i] = static_alpha[i, m:] + s_a tanh(hbar_i W[:, m:]), B[i] = static_beta[i] +
+    s_b tanh(hbar_i . w_b); x_in = cat_j(sum_i Y[i, j] h_i), o = F(LN_k(x_in)) split as x, x' = cat_j(sum_i A[i, j] h_i
+    + B[j] o_j); output LN_final(x). ``swap``: the branch input mixed by A and the carried fractions by Y (the
+    columns of static_alpha read the other way round)."""
+
+    def __init__(self, fracs, static=False, swap=False):
+        self.m, self.static, self.swap = fracs, static, swap
+
+    def sublayer(self, stack, layer, l, kind, x, branch):
+        res = getattr(layer, f"{kind}_residual")
+        m = self.m
+        hs = x.chunk(m, dim=-1)
+        ys, as_, bs = [], [], []
+        for i, h in enumerate(hs):
+            a, b = res.static_alpha[i] * torch.ones(h.shape[:-1] + (2 * m,)), res.static_beta[i]
+            if not self.static:
+                normed = F.layer_norm(h, (h.shape[-1],))
+                a = a + res.dynamic_alpha_scale * torch.tanh(normed @ res.dynamic_alpha_fn)
+                b = b + res.dynamic_beta_scale * torch.tanh(normed @ res.dynamic_beta_fn)
+            y, a = (a[..., m:], a[..., :m]) if self.swap else (a[..., :m], a[..., m:])
+            ys.append(y)
+            as_.append(a)
+            bs.append(b * torch.ones(h.shape[:-1]))
+        x_in = torch.cat([sum(ys[i][..., j: j + 1] * hs[i] for i in range(m)) for j in range(m)], dim=-1)
+        os_ = branch(ref_ln(getattr(layer, LN_OF[kind]), x_in)).chunk(m, dim=-1)
+        return torch.cat([sum(as_[i][..., j: j + 1] * hs[i] for i in range(m)) + bs[j][..., None] * os_[j]
+                          for j in range(m)], dim=-1)
+
+
+REFERENCES["frac_connections"] = (["--frac-connections-fracs", 4], FracConnections(4), FracConnections(4, swap=True))

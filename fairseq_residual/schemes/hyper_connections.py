@@ -92,11 +92,17 @@ class StreamsConnection(SublayerResidual):
     where it cannot run), as they are otherwise (evaluation, incremental decoding, TorchScript).
     ``prepare_streams`` returns ``(branch input, [carried streams, update coefficients n x T x B])``; the state
     between sub-layers holds the streams only, the coefficients go to ``update`` in the context
-    (``ctx["streams.coefficient"]``)."""
+    (``ctx["streams.coefficient"]``), or, where :attr:`coefficient_in_context` is False (the schemes added after
+    the context's users were fixed, whose layers return no context), in the state ``prepare`` hands to
+    ``update``, after the carried streams."""
 
     compile_flag = ""
     # the inference cache (:meth:`_inference_parts`): a plain attribute, not part of a TorchScript module
     __jit_ignored_attributes__ = ["_parts_cache"]
+
+    def __init__(self, site):
+        super().__init__(site)
+        self.coefficient_in_context = True
 
     def prepare(self, state: List[Tensor], ctx: Dict[str, Tensor]) -> Tuple[Tensor, List[Tensor]]:
         """:meth:`prepare_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
@@ -107,6 +113,8 @@ class StreamsConnection(SublayerResidual):
             branch, parts = self._compiled_prepare(state)
         else:
             branch, parts = self.prepare_streams(state)
+        if not self.coefficient_in_context:
+            return branch, parts
         ctx["streams.coefficient"] = parts[1]
         return branch, parts[:1]
 
@@ -133,7 +141,7 @@ class StreamsConnection(SublayerResidual):
     def update(self, state: List[Tensor], out: Tensor, ctx: Dict[str, Tensor]) -> List[Tensor]:
         """:meth:`update_streams`, through ``torch.compile`` when built with ``compile`` and training in eager
         mode."""
-        parts = [state[0], ctx["streams.coefficient"]]
+        parts = [state[0], ctx["streams.coefficient"]] if self.coefficient_in_context else state
         if self.compile_training and self.training and not torch.jit.is_scripting():
             return self._compiled_update(parts, out)
         return self.update_streams(parts, out)
@@ -147,7 +155,70 @@ class StreamsConnection(SublayerResidual):
         return compiled(type(self).update_streams, self.compile_flag)(self, state, out)
 
 
-class HyperConnection(StreamsConnection):
+class TanhConnection(StreamsConnection):
+    """The coefficients hyper-connections and frac-connections share (arXiv 2409.19606 eq. 10-13; arXiv 2503.14125
+    eq. 11-14): per row i of what is mixed (a stream, or a fraction of the hidden state), a static row plus
+    ``s * tanh(LN(h_i) W)``, with LN a LayerNorm without parameters. The parameters, by the hyper-connections
+    paper's names: ``static_alpha`` (rows x k, the mixing weights), ``static_beta`` (rows, the weights of the
+    branch output), and, for the dynamic connection, ``dynamic_alpha_fn`` (width x k), ``dynamic_alpha_scale``,
+    ``dynamic_beta_fn`` (width), ``dynamic_beta_scale`` (W = 0 and s = 0.01 at initialisation: the connection
+    starts as its static part). The static parts get no weight decay (fairseq's ``optim_overrides``)."""
+
+    def _connection_parameters(self, static_alpha: Tensor, static_beta: Tensor, width: int, dynamic: bool):
+        """Registers the parameters with their initial values: the static ``static_alpha`` (rows x k) and
+        ``static_beta`` (rows), the dynamic ones (zero projections of rows of ``width`` values, scales 0.01) when
+        ``dynamic``, None otherwise."""
+        self.ln_eps = LN_HC_EPS
+        self.static_alpha = nn.Parameter(static_alpha)
+        self.static_beta = nn.Parameter(static_beta)
+        for p in (self.static_alpha, self.static_beta):
+            p.optim_overrides = dict(NO_WEIGHT_DECAY)
+        k = static_alpha.size(1)
+        dynamic_parts = {"dynamic_alpha_fn": torch.zeros(width, k), "dynamic_alpha_scale": torch.full((), 1e-2),
+                         "dynamic_beta_fn": torch.zeros(width), "dynamic_beta_scale": torch.full((), 1e-2)}
+        for name, value in dynamic_parts.items():  # the static connection has no dynamic parameters
+            self.register_parameter(name, nn.Parameter(value) if dynamic else None)
+
+    def _connection(self, h: Tensor, rows: int) -> Tensor:
+        """``[static_alpha | static_beta]`` plus the dynamic part, in the dtype of ``h``: per position P, row i's
+        ``[alpha_i | beta_i]``, P x rows x (k + 1) (hyper-connections: stream i's ``[A_m[i] | A_r[i, :] | B[i]]``,
+        eq. 10-13, the static part plus ``s * tanh(LN_hc(h_i) [W_alpha | w_beta])``), or the static
+        n x (k + 1) alone for a static connection; ``h`` is (P rows) x width, the ``rows`` rows of every position
+        (hyper-connections: its n streams, or one row per position, ``rows`` = 1, when the n streams are copies
+        of it).
+
+        The dynamic part is one projection of every row with ``[W_alpha | w_beta]`` (width x (k + 1)), LN_hc
+        applied after it (:func:`~fairseq_residual.stream_ops.layer_norm_projection`), and one ``addcmul`` with
+        the static part, so the normalised rows are never formed."""
+        if torch.jit.is_scripting() or torch.is_grad_enabled():
+            static, fn, scale = self._build_parts(h.dtype)
+        else:
+            static, fn, scale = self._cached_parts(h.dtype)
+        if fn is not None and scale is not None:
+            dynamic = torch.tanh(layer_norm_projection(h, fn, self.ln_eps))  # (P rows) x (k + 1)
+            return torch.addcmul(static, dynamic.view(-1, rows, static.size(-1)), scale)
+        return static
+
+    def _build_parts(self, dtype: torch.dtype) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+        """``(static [alpha | beta] rows x (k + 1), [W_alpha | w_beta] width x (k + 1), [s_alpha x k | s_beta])``
+        in ``dtype`` (hyper-connections: ``[A_m | A_r | B]``, k = n + 1), the last two None for a static
+        connection."""
+        k = self.static_alpha.size(1)
+        static = torch.cat([self.static_alpha, self.static_beta.unsqueeze(-1)], dim=1).to(dtype)
+        if self.dynamic_alpha_fn is not None and self.dynamic_beta_fn is not None \
+                and self.dynamic_alpha_scale is not None and self.dynamic_beta_scale is not None:
+            fn = torch.cat([self.dynamic_alpha_fn, self.dynamic_beta_fn.unsqueeze(-1)], dim=1).to(dtype)
+            scale = torch.cat([self.dynamic_alpha_scale.expand(k), self.dynamic_beta_scale.unsqueeze(0)])
+            return static, fn, scale.to(dtype)
+        return static, None, None
+
+    @torch.jit.unused
+    def _cached_parts(self, dtype: torch.dtype) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+        """:meth:`_build_parts` through the inference cache (typed for TorchScript, which skips it)."""
+        return self._inference_parts(dtype)
+
+
+class HyperConnection(TanhConnection):
     """One sub-layer's hyper-connection: state ``[H]`` with H the n streams, n x T x B x C; ``prepare`` mixes
     them into the branch input and the carried streams, ``update`` adds ``B[j] o`` to stream j.
 
@@ -166,48 +237,10 @@ class HyperConnection(StreamsConnection):
         n, c = streams, site.embed_dim
         self.n_streams = n
         self.compile_training = compile
-        self.ln_eps = LN_HC_EPS
         alpha0 = torch.zeros(n, 1)
         alpha0[site.index % n, 0] = 1.0
-        self.static_alpha = nn.Parameter(torch.cat([alpha0, torch.eye(n)], dim=1))  # [A_m | A_r], n x (n + 1)
-        self.static_beta = nn.Parameter(torch.ones(n))
-        for p in (self.static_alpha, self.static_beta):
-            p.optim_overrides = dict(NO_WEIGHT_DECAY)
-        dynamic_parts = {"dynamic_alpha_fn": torch.zeros(c, n + 1), "dynamic_alpha_scale": torch.full((), 1e-2),
-                         "dynamic_beta_fn": torch.zeros(c), "dynamic_beta_scale": torch.full((), 1e-2)}
-        for name, value in dynamic_parts.items():  # static hyper-connections have no dynamic parameters
-            self.register_parameter(name, nn.Parameter(value) if dynamic else None)
-
-    def _connection(self, h: Tensor, rows: int) -> Tensor:
-        """``[A_m | A_r | B]`` in the dtype of ``h``: per position P, stream i's row ``[A_m[i] | A_r[i, :] | B[i]]``,
-        P x n x (n + 2) (eq. 10-13: the static part plus ``s * tanh(LN_hc(h_i) [W_alpha | w_beta])``), or the
-        static n x (n + 2) alone for static hyper-connections; ``h`` is (P rows) x C, the ``rows`` = n streams of
-        every position, or one row per position (``rows`` = 1) when the n streams are copies of it.
-
-        The dynamic part is one projection of every row with ``[W_alpha | w_beta]`` (C x (n + 2)), LN_hc applied
-        after it (:func:`~fairseq_residual.stream_ops.layer_norm_projection`), and one ``addcmul`` with the
-        static part, so the normalised streams are never formed."""
-        n = self.n_streams
-        if torch.jit.is_scripting() or torch.is_grad_enabled():
-            static, fn, scale = self._build_parts(h.dtype)
-        else:
-            static, fn, scale = self._cached_parts(h.dtype)
-        if fn is not None and scale is not None:
-            dynamic = torch.tanh(layer_norm_projection(h, fn, self.ln_eps))  # (P rows) x (n + 2)
-            return torch.addcmul(static, dynamic.view(-1, rows, n + 2), scale)
-        return static
-
-    def _build_parts(self, dtype: torch.dtype) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-        """``(static [A_m | A_r | B] n x (n + 2), [W_alpha | w_beta] C x (n + 2), [s_alpha x (n + 1) | s_beta])``
-        in ``dtype``, the last two None for static hyper-connections."""
-        n = self.n_streams
-        static = torch.cat([self.static_alpha, self.static_beta.unsqueeze(-1)], dim=1).to(dtype)
-        if self.dynamic_alpha_fn is not None and self.dynamic_beta_fn is not None \
-                and self.dynamic_alpha_scale is not None and self.dynamic_beta_scale is not None:
-            fn = torch.cat([self.dynamic_alpha_fn, self.dynamic_beta_fn.unsqueeze(-1)], dim=1).to(dtype)
-            scale = torch.cat([self.dynamic_alpha_scale.expand(n + 1), self.dynamic_beta_scale.unsqueeze(0)])
-            return static, fn, scale.to(dtype)
-        return static, None, None
+        # [A_m | A_r], n x (n + 1); B = 1
+        self._connection_parameters(torch.cat([alpha0, torch.eye(n)], dim=1), torch.ones(n), c, dynamic)
 
     def coefficients(self, streams: Tensor) -> Tuple[Tensor, Tensor]:
         """``(alpha, beta)`` in at least fp32 and never below the streams' precision: alpha n x T x B x (n + 1)
@@ -249,11 +282,6 @@ class HyperConnection(StreamsConnection):
         return (branch.to(streams.dtype).view(t, b, c),
                 [carried.to(streams.dtype).reshape(t, b, n, c).permute(2, 0, 1, 3),
                  beta.reshape(t, b, n).permute(2, 0, 1).to(streams.dtype)])
-
-    @torch.jit.unused
-    def _cached_parts(self, dtype: torch.dtype) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-        """:meth:`_build_parts` through the inference cache (typed for TorchScript, which skips it)."""
-        return self._inference_parts(dtype)
 
     @torch.jit.unused
     def prepare_inference(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:

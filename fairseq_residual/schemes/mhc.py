@@ -240,11 +240,25 @@ class ManifoldHyperConnection(StreamsConnection):
         if copies > 1:
             phi = phi.view(copies, -1, phi.size(1)).sum(dim=0)
         logits = rms_projection(x, phi, self.rms_eps)  # (2n + n^2) x P: positions last
-        pre, post, res = logits.split([n, n, n * n], dim=0)
+        pre, post, res = logits.split([n, n, self.phi_res.size(1)], dim=0)
         pre = torch.sigmoid(self.alpha_pre.to(dtype) * pre + self.b_pre.to(dtype).unsqueeze(-1))
         post = 2 * torch.sigmoid(self.alpha_post.to(dtype) * post + self.b_post.to(dtype).unsqueeze(-1))
+        return pre, post, self._residual_mixing(res, p)
+
+    def _residual_mixing(self, res: Tensor, p: int) -> Tensor:
+        """``H_res`` n x n x P from the normalised projection ``x' phi_res`` (n^2 x P, positions last): eq. 9,
+        Sinkhorn-Knopp of ``alpha_res mat(x' phi_res) + b_res``, with a backward that recomputes its rounds."""
+        n = self.n_streams
+        dtype = res.dtype
         res = self.alpha_res.to(dtype) * res.view(n, n, p) + self.b_res.to(dtype).unsqueeze(-1)
-        return pre, post, sinkhorn_knopp_recomputed(res, self.sinkhorn_iterations)
+        return sinkhorn_knopp_recomputed(res, self.sinkhorn_iterations)
+
+    @torch.jit.unused
+    def _residual_mixing_inference(self, logits: Tensor, p: int) -> Tensor:
+        """:meth:`_residual_mixing` without gradients, from the logits with the gate and bias applied (n^2 x P):
+        Sinkhorn-Knopp in place through TorchScript (:func:`sinkhorn_knopp_scripted`)."""
+        n = self.n_streams
+        return sinkhorn_knopp_scripted(logits.view(n, n, p), self.sinkhorn_iterations)
 
     def _build_parts(self, dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
         """``(phi, phi_copies, bias)`` for :meth:`prepare_inference`: ``[a_pre phi_pre | a_post phi_post |
@@ -252,7 +266,7 @@ class ManifoldHyperConnection(StreamsConnection):
         for n copies of one stream), and ``[b_pre | b_post | vec(b_res)]`` as a column ((2n + n^2) x 1), in
         ``dtype``."""
         n = self.n_streams
-        gates = torch.cat([self.alpha_pre.expand(n), self.alpha_post.expand(n), self.alpha_res.expand(n * n)])
+        gates = torch.cat([self.alpha_pre.expand(n), self.alpha_post.expand(n), self.alpha_res.expand(self.phi_res.size(1))])
         phi = (torch.cat([self.phi_pre, self.phi_post, self.phi_res], dim=1) * gates).to(dtype)
         bias = torch.cat([self.b_pre, self.b_post, self.b_res.reshape(-1)]).to(dtype).unsqueeze(-1)
         return phi, phi.view(n, -1, phi.size(1)).sum(dim=0), bias
@@ -279,7 +293,7 @@ class ManifoldHyperConnection(StreamsConnection):
         logits = torch.addcmul(bias, torch.mm(x, phi_copies if start else phi).t(), inv_rms)
         pre = torch.sigmoid(logits[:n])
         post = 2 * torch.sigmoid(logits[n: 2 * n])
-        res = sinkhorn_knopp_scripted(logits[2 * n:].view(n, n, p), self.sinkhorn_iterations)
+        res = self._residual_mixing_inference(logits[2 * n:], p)
         if start:
             branch = x * pre.sum(dim=0).unsqueeze(-1)
             carried = res.sum(dim=1).t().contiguous().unsqueeze(-1) * x.unsqueeze(1)  # P x n x C positions-first

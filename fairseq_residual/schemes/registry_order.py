@@ -31,4 +31,6 @@ SCHEME_MODULES = (
     "attn_res",
     "muddformer",
     "depth_mup",
+    "mhc_lite",
+    "frac_connections",
 )
