@@ -29,4 +29,5 @@ SCHEME_MODULES = (
     "laurel",
     "reordered_norm",
     "attn_res",
+    "ngpt",
 )
