@@ -46,6 +46,9 @@ What differs from NVIDIA/ngpt, by design of this plugin (fairseq's Transformer, 
 * dropout (none in the reference) acts where fairseq's does: on the branch output before its ``Norm``, in the
   attention weights and after the activation.
 
+Averaged checkpoints (fairseq's ``scripts/average_checkpoints.py``) and EMA weights (``--ema``) are averages of unit
+rows, slightly inside the sphere; they are used as they are (every state is normalised anyway), not renormalised.
+
 Encoder-decoder (the project's reading; nGPT is decoder-only): cross-attention takes the same update with its own
 ``alpha`` and ``s_qk``; its queries (decoder positions) and keys (projections of the encoder output) are normalised
 per head as in self-attention. Both stacks have no final LayerNorm: the encoder output is its last state, on the
@@ -345,7 +348,6 @@ class NGPT(ResidualScheme):
     fp16_advice = "fp16 as is: every state, branch output and matrix row has norm 1 (norms computed in fp32)"
     final_norm_eps = None
     has_layer_norm = False
-    speed_goal = None  # six more norms per layer and the renormalisation of every matrix after each step
     OPTIONS = (
         Option("ngpt_alpha_init", float, 0.05, "effective initial eigen learning rate a of every sub-layer's update "
                "h = Norm(h + a (Norm(F(h)) - h)) (alpha stored 1/sqrt(C), used |alpha a sqrt(C)|)", low=0.0,
