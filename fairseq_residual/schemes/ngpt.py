@@ -273,7 +273,11 @@ def sphere_matrices(model):
 def _master_copies(optimizer) -> Dict[int, Tensor]:
     """``{id(model parameter): its fp32 master copy (a view)}`` of fairseq's ``--fp16`` / ``--bf16`` optimizer
     (``FP16Optimizer``: a list of copies, or one flat copy per device, laid out as
-    ``_sync_fp32_params_to_fp16`` reads it); ``{}`` for an optimizer that updates the model's weights itself."""
+    ``_sync_fp32_params_to_fp16`` reads it; also inside ``--use-bmuf``'s wrapper); ``{}`` for an optimizer that
+    updates the model's weights itself."""
+    inner = getattr(optimizer, "_optimizer", None)  # fairseq's --use-bmuf keeps the fp16 optimizer there
+    if not hasattr(optimizer, "fp32_params") and hasattr(inner, "fp32_params"):
+        optimizer = inner
     params = getattr(optimizer, "fp16_params", None)
     masters = getattr(optimizer, "fp32_params", None)
     if params is None or masters is None:
