@@ -352,6 +352,8 @@ class NGPT(ResidualScheme):
     fp16_advice = "fp16 as is: every state, branch output and matrix row has norm 1 (norms computed in fp32)"
     final_norm_eps = None
     has_layer_norm = False
+    formula_norms = ("its L2 normalisations `x/||x||` of the states, branch outputs, queries and keys (the scheme "
+                     "itself: no LayerNorm to replace)")
     OPTIONS = (
         Option("ngpt_alpha_init", float, 0.05, "effective initial eigen learning rate a of every sub-layer's update "
                "h = Norm(h + a (Norm(F(h)) - h)) (alpha stored 1/sqrt(C), used |alpha a sqrt(C)|)", low=0.0,
