@@ -421,6 +421,8 @@ def reference_forward(model, src, prev, ref):
         state = ref.between(stack, l, state)
     out = ref.out(stack, state)
     logits = F.linear(out.transpose(0, 1), dec.output_projection.weight)
+    if hasattr(ref, "logit_scale"):  # a transcription that scales the logits per vocabulary entry (nGPT's s_z)
+        logits = logits * ref.logit_scale(stack)
     return enc_out, torch.log_softmax(logits, dim=-1)
 
 
@@ -636,18 +638,18 @@ class ReorderedNorm(Transcription):
 _forward_with_ref_attention = reference_forward
 
 
-def reference_forward(model, src, prev, ref):  # noqa: F811  (the driver, with a transcription's own attention)
+def reference_forward(model, src, prev, ref):  # noqa: F811  (the driver, with a transcription's own branches)
     """:func:`reference_forward` above; a transcription with an ``attention`` function computes every attention
-    branch with it instead of :func:`ref_attention` (same arguments)."""
-    global ref_attention
-    attention = getattr(ref, "attention", None)
-    if attention is None:
-        return _forward_with_ref_attention(model, src, prev, ref)
-    plain, ref_attention = ref_attention, attention
+    branch with it instead of :func:`ref_attention` (same arguments), one with an ``ffn`` function every FFN branch
+    instead of :func:`ref_ffn`."""
+    global ref_attention, ref_ffn
+    attention, ffn = getattr(ref, "attention", None), getattr(ref, "ffn", None)
+    plain_attention, plain_ffn = ref_attention, ref_ffn
+    ref_attention, ref_ffn = attention or plain_attention, ffn or plain_ffn
     try:
         return _forward_with_ref_attention(model, src, prev, ref)
     finally:
-        ref_attention = plain
+        ref_attention, ref_ffn = plain_attention, plain_ffn
 
 
 REFERENCES["reordered_norm"] = (["--reordered-norm-qk-norm"], ReorderedNorm(qk_norm=True),
@@ -864,3 +866,70 @@ class FracConnections(Transcription):
 
 
 REFERENCES["frac_connections"] = (["--frac-connections-fracs", 4], FracConnections(4), FracConnections(4, swap=True))
+
+
+def _unit(x):
+    """``x / ||x||`` over the last dimension (``F.normalize``: a zero vector, a padded position, stays 0)."""
+    return F.normalize(x, p=2.0, dim=-1)
+
+
+def _ngpt_attention(mha, query, key_value, key_padding_mask=None, causal=False, head_norms=False):
+    """NVIDIA/ngpt ``Block.forward``'s attention: per head ``q = s_qk * justnorm(q)``, ``k = s_qk * justnorm(k)``,
+    ``s_qk = sqk * (sqk_init_value / sqk_init_scaling)`` with ``sqk_init_scaling = 1/sqrt(C)`` (the model keeps it as
+    ``q_proj.sqk``), softmax scale ``sqrt(C/H)``; values and output projection plain."""
+    T, B, C = query.shape
+    S = key_value.shape[0]
+    H = mha.num_heads
+    d = C // H
+    sqk = (mha.q_proj.sqk * (1.0 / (1.0 / math.sqrt(C)))).view(H, d)
+    q = sqk * _unit(F.linear(query, mha.q_proj.weight, mha.q_proj.bias).view(T, B, H, d))
+    k = sqk * _unit(F.linear(key_value, mha.k_proj.weight, mha.k_proj.bias).view(S, B, H, d))
+    v = F.linear(key_value, mha.v_proj.weight, mha.v_proj.bias).view(S, B, H, d)
+    q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # B x H x len x d
+    scores = (q @ k.transpose(-1, -2)) * math.sqrt(d)
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    if causal:
+        scores = scores.masked_fill(torch.ones(T, S, dtype=torch.bool).triu(1), float("-inf"))
+    out = (torch.softmax(scores, dim=-1) @ v).permute(2, 0, 1, 3).reshape(T, B, C)
+    return F.linear(out, mha.out_proj.weight, mha.out_proj.bias)
+
+
+def _ngpt_ffn(layer, x):
+    """fairseq's FFN with NVIDIA/ngpt's ``uv = suv * (suv_init_value / suv_init_scaling * sqrt(n_embd)) * c_fc(h)``
+    (``suv_init_scaling = 1``) on the first projection's output, before the activation (ReLU)."""
+    u = F.linear(x, layer.fc1.weight, layer.fc1.bias) * (layer.fc1.suv * math.sqrt(x.shape[-1]))
+    return F.linear(F.relu(u), layer.fc2.weight, layer.fc2.bias)
+
+
+class NGPT(Transcription):
+    """NVIDIA/ngpt ``Block.forward`` (use_nGPT = 1), per sub-layer:
+    ``lr = |alpha * (alpha_init / base_scale)|``, ``A = justnorm(h)``, ``B = justnorm(F(h))``,
+    ``h = justnorm(A + lr * (B - A))``, base_scale = 1/sqrt(C); no LayerNorm, no final norm; the stream starts at
+    ``justnorm`` of the embedding output; logits ``sz * (sz_init_value / base_scale) * lm_head(h)``.
+    ``outer_norm=False`` (the negative control) leaves out the last ``justnorm`` of the update."""
+
+    final = False
+    attention = staticmethod(_ngpt_attention)
+    ffn = staticmethod(_ngpt_ffn)
+
+    def __init__(self, alpha_init=0.05, outer_norm=True):
+        self.alpha_init, self.outer_norm = alpha_init, outer_norm
+
+    def start(self, stack, x):
+        return _unit(x)
+
+    def sublayer(self, stack, layer, l, kind, state, branch):
+        alpha = getattr(layer, f"{kind}_residual").alpha
+        base_scale = 1.0 / math.sqrt(state.shape[-1])
+        lr = torch.abs(alpha * (self.alpha_init / base_scale))
+        a, b = _unit(state), _unit(branch(state))
+        res = a + lr * (b - a)
+        return _unit(res) if self.outer_norm else res
+
+    def logit_scale(self, stack):
+        proj = stack.output_projection
+        return proj.sz * (1.0 / (1.0 / math.sqrt(proj.weight.shape[1])))
+
+
+REFERENCES["ngpt"] = (["--ngpt-alpha-init", 0.07], NGPT(0.07), NGPT(0.07, outer_norm=False))

@@ -359,6 +359,11 @@ class ResidualScheme:
     def warn_before_hook(self, model) -> None:
         """Called when ``model`` runs in eval mode (or is scripted) before its training hook ran."""
 
+    def after_optimizer_step(self, model, optimizer) -> None:
+        """Called after every optimizer step of ``fairseq-train`` (fairseq's ``task.optimizer_step``), with the model
+        (unwrapped from DDP) and fairseq's optimizer (:mod:`fairseq_residual.optimizer_step`): nGPT's renormalisation
+        of its weights. Default: nothing."""
+
     def upgrade_state_dict(self, state_dict, prefix: str, stack: str, options: SchemeOptions) -> None:
         """Rename the parameters of older checkpoints of this scheme in place (keys start with ``prefix``,
         e.g. ``encoder.``); ``options`` say which trained layers the loading model keeps."""

@@ -33,4 +33,5 @@ SCHEME_MODULES = (
     "depth_mup",
     "mhc_lite",
     "frac_connections",
+    "ngpt",
 )
