@@ -134,7 +134,7 @@ def test_trains_in_reduced_precision_through_fairseqs_optimizer(scheme, precisio
     assert all(math.isfinite(x) for x in losses), losses
     assert {p.dtype for p in tr.get_model().parameters()} == {LOW[precision]}
     after = _trained_weights(tr)
-    exempt = ("k_proj.bias", "alpha_res") if scheme == "mhc" else ("k_proj.bias",)
+    exempt = ("k_proj.bias", "alpha_res") if scheme in ("mhc", "mhc_lite") else ("k_proj.bias",)
     still = [n for n, w in after.items() if torch.equal(w, before[n]) and not n.endswith(exempt)]
     if precision == "bf16":
         assert still == [], f"never moved: {still}"
@@ -342,6 +342,12 @@ def _largest_difference(a, b):
     return max(float((a[n] - b[n]).abs().max()) for n in a)
 
 
+def _largest_excess(a, b, spacing):
+    """The largest ``|a - b| - spacing |a|`` over every entry: how far two trainings part beyond one rounding
+    step of the low-precision weights (spacing: the distance between neighbouring numbers, relative)."""
+    return max(float(((a[n] - b[n]).abs() - spacing * a[n].abs()).max()) for n in a)
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("scheme", SCHEME_NAMES)
 def test_fairseqs_fp32_master_copy_keeps_the_schemes_state_or_is_refused(scheme, precision):
@@ -353,9 +359,12 @@ def test_fairseqs_fp32_master_copy_keeps_the_schemes_state_or_is_refused(scheme,
         assert flag in str(e), f"{scheme} refuses {master} without naming {flag}: {e}"
         return
     without = _after_one_update(scheme, plain)
-    # the two optimizers round the same Adam step (about lr = 1e-3) differently: measured at most 3.1e-4;
-    # the state the negative control loses is 0.3 or more
-    assert _largest_difference(with_copy, without) <= 1e-3, "the fp32 master copy undid part of the state"
+    # the two optimizers round the same Adam step (about lr = 1e-3) differently: at most 3.1e-4 measured, and one
+    # more rounding step of the weight where a scheme rounds it again after the step (nGPT's renormalisation of
+    # unit rows, whose entries reach 0.25-0.5: 2^-7 of that in bf16); the state the negative control loses is
+    # 0.3 or more
+    spacing = 2 * UNIT[LOW[precision]]
+    assert _largest_excess(with_copy, without, spacing) <= 1e-3, "the fp32 master copy undid part of the state"
 
 
 def test_the_master_copy_check_catches_state_set_on_the_first_batch(monkeypatch):
