@@ -213,7 +213,10 @@ class Bench:
             torch.cuda.synchronize(self.device)
 
     def train_step(self, sample):
-        """One step: label-smoothed CE forward, backward (per-token gradient), Adam step."""
+        """One step: label-smoothed CE forward, backward (per-token gradient), Adam step, and what the scheme does
+        after a step in fairseq-train (nGPT's renormalisation of its matrices: ``after_optimizer_step``)."""
+        from fairseq_residual.optimizer_step import after_step
+
         self.model.train()
         self.optimizer.zero_grad()  # gradients set to None: their memory counts in the step
         with self.autocast():
@@ -227,6 +230,7 @@ class Bench:
         else:
             loss.backward()
             self.optimizer.step()
+        after_step(self.model, self.optimizer)
         return loss
 
     def time_train(self, sample, steps):
