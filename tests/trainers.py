@@ -12,23 +12,56 @@ BASE = ["--task", "translation", "--arch", "residual_transformer_tiny", "--optim
         "--clip-norm", "1.0", "--cpu", "--seed", "3", "--max-tokens", "4096", "--no-save", "--num-workers", "0"]
 
 
+#: (flags) -> (the parsed arguments, fairseq's config converted from them)
 _CONFIGS = {}
 
 
+def _copy_with_scheme(cfg, scheme):
+    """A copy of fairseq's config ``cfg`` with the scheme replaced wherever the config keeps the parsed arguments
+    as they are (an ``argparse.Namespace``: ``cfg.model``, and ``cfg.optimizer`` for an optimizer without a
+    dataclass of its own). ``copy.deepcopy`` of the config shares those objects (and a model build writes
+    into ``cfg.model``): each is copied here."""
+    import argparse
+    import copy
+
+    from fairseq.dataclass.utils import omegaconf_no_object_check
+
+    cfg = copy.deepcopy(cfg)
+    for group in list(cfg):
+        value = cfg[group]
+        if isinstance(value, argparse.Namespace):
+            fresh = argparse.Namespace(**copy.deepcopy(vars(value)))
+            if hasattr(fresh, "residual_scheme"):
+                fresh.residual_scheme = scheme
+            with omegaconf_no_object_check():
+                cfg[group] = fresh
+    return cfg
+
+
 def train_config(scheme, *flags):
-    """fairseq's config of ``fairseq-train --residual-scheme SCHEME BASE FLAGS`` (a fresh copy; converted once
-    per argument list: fairseq's conversion takes half a second). ``--bf16`` keeps ``common.tpu`` off
-    (fairseq-train's argparse path turns it on with ``--bf16``, fairseq issue 4696; fairseq-hydra-train does
-    not)."""
+    """fairseq's config of ``fairseq-train --residual-scheme SCHEME BASE FLAGS`` (a fresh copy). ``--bf16`` keeps
+    ``common.tpu`` off (fairseq-train's argparse path turns it on with ``--bf16``, fairseq issue 4696;
+    fairseq-hydra-train does not).
+
+    fairseq's conversion of the parsed arguments to its config takes half a second, the parsing a
+    twentieth of that: the conversion runs once per list of FLAGS, and another scheme's config is that
+    config with the scheme replaced, used only when its parsed arguments differ from the converted ones in
+    ``residual_scheme`` alone (the ``tiny`` preset fills every scheme's options whichever is selected, and
+    the config keeps fairseq-train's arguments as they are, :func:`_copy_with_scheme`), else it is converted too."""
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    argv = ("/synthetic-data", "--user-dir", USER_DIR, "--residual-scheme", scheme, *BASE, *[str(f) for f in flags])
-    if argv not in _CONFIGS:
-        cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), list(argv)))
-        cfg.common.tpu = False
-        _CONFIGS[argv] = cfg
-    return copy.deepcopy(_CONFIGS[argv])
+    flags = tuple(str(f) for f in flags)
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "/synthetic-data", "--user-dir", USER_DIR, "--residual-scheme", scheme, *BASE, *flags])
+    converted = _CONFIGS.get(flags)
+    if converted is not None and vars(args) == {**vars(converted[0]), "residual_scheme": scheme}:
+        return _copy_with_scheme(converted[1], scheme)
+    parsed = copy.deepcopy(args)
+    cfg = convert_namespace_to_omegaconf(args)
+    cfg.common.tpu = False
+    _CONFIGS[flags] = (parsed, cfg)
+    return _copy_with_scheme(cfg, scheme)
 
 
 def trainer(scheme, *flags, dictionary=None, seed=3):
