@@ -67,12 +67,14 @@ LN_HC_EPS = 1e-5
 #: on a 2-core AMD EPYC shared with another job: ``scripts/block_benchmark.py --compile`` (one block, forward and
 #: backward) 68 s for the first block with an empty inductor cache, 20-33 s for each further one; a 3 + 2-layer
 #: model's first training step (both stacks, their two batch shapes) 147 s with an empty cache, 40-45 s with a
-#: warm one (``tests/test_streams.py``)
+#: warm one (``tests/test_streams.py``); the full model's speed with it: docs/results/2026-12-04-later-schemes-speed.md
 COMPILE_HELP = ("torch.compile the connections' prepare/update (coefficients, mixing, update) when training in eager "
                 "mode; TorchScript, evaluation and incremental decoding run the plain code (the same function). "
                 "The first training steps compile: about 1-2.5 minutes on a 2-core CPU with an empty inductor cache, "
                 "less with a warm one; it needs a C++ compiler (refused at the first training step where torch.compile "
-                "cannot run)")
+                "cannot run). On a CPU the whole model trained slower with it than without (0.76x against 0.82x stock "
+                "Pre-LN for hyper-connections, 0.63x against 0.72x for mHC, 6+6 layers at width 256): it is meant for "
+                "GPUs, where it was not measured")
 
 
 @dataclass(frozen=True)
