@@ -52,6 +52,7 @@ from pathlib import Path
 
 import torch
 
+from residual_studies.fairseq_cfg import copy_with_scheme
 from residual_studies.options import device
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,26 +122,6 @@ def synthetic_batches(d, n, seed=0):
 _CFG_CACHE = {}
 
 
-def _copy_with_scheme(cfg, scheme):
-    """A copy of fairseq's config ``cfg`` with the scheme replaced wherever the config keeps the parsed arguments
-    as they are (an ``argparse.Namespace``: ``cfg.model``, and ``cfg.optimizer`` for an optimizer without a
-    dataclass of its own). ``copy.deepcopy`` of the config shares those objects (and a model build writes
-    into ``cfg.model``): each is copied here."""
-    import argparse
-    import copy
-
-    from fairseq.dataclass.utils import omegaconf_no_object_check
-
-    cfg = copy.deepcopy(cfg)
-    for group in list(cfg):
-        value = cfg[group]
-        if isinstance(value, argparse.Namespace):
-            fresh = argparse.Namespace(**copy.deepcopy(vars(value)))
-            if hasattr(fresh, "residual_scheme"):
-                fresh.residual_scheme = scheme
-            with omegaconf_no_object_check():
-                cfg[group] = fresh
-    return cfg
 
 
 def run_config(scheme, backend, update_freq, dropout, world_size, device):
@@ -148,7 +129,7 @@ def run_config(scheme, backend, update_freq, dropout, world_size, device):
     to omegaconf takes half a second, the parsing a twentieth of that), the scheme, backend and update
     frequency set on a copy. The scheme is replaced only where the run's parsed arguments differ from the
     converted ones in ``residual_scheme`` alone (the ``tiny`` preset fills every scheme's options whichever
-    is selected; the config keeps fairseq-train's arguments as they are, :func:`_copy_with_scheme`); else they are
+    is selected; the config keeps fairseq-train's arguments as they are, :func:`residual_studies.fairseq_cfg.copy_with_scheme`); else they are
     converted too."""
     import copy
 
@@ -160,7 +141,7 @@ def run_config(scheme, backend, update_freq, dropout, world_size, device):
     if cached is None or vars(args) != {**vars(cached[0]), "residual_scheme": scheme,
                                         "ddp_backend": backend, "update_freq": [update_freq]}:
         cached = _CFG_CACHE[key] = (copy.deepcopy(args), convert_namespace_to_omegaconf(args))
-    cfg = _copy_with_scheme(cached[1], scheme)
+    cfg = copy_with_scheme(cached[1], scheme)
     cfg.distributed_training.ddp_backend = backend
     cfg.optimization.update_freq = [update_freq]
     if world_size > 1 and torch.distributed.is_initialized():

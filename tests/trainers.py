@@ -5,6 +5,7 @@ import copy
 import torch
 
 from conftest import USER_DIR, make_dictionary
+from residual_studies.fairseq_cfg import copy_with_scheme
 
 #: fairseq-train arguments every trainer of the tests gets (tiny preset, Adam, label smoothing, clipping)
 BASE = ["--task", "translation", "--arch", "residual_transformer_tiny", "--optimizer", "adam", "--lr", "1e-3",
@@ -16,26 +17,6 @@ BASE = ["--task", "translation", "--arch", "residual_transformer_tiny", "--optim
 _CONFIGS = {}
 
 
-def _copy_with_scheme(cfg, scheme):
-    """A copy of fairseq's config ``cfg`` with the scheme replaced wherever the config keeps the parsed arguments
-    as they are (an ``argparse.Namespace``: ``cfg.model``, and ``cfg.optimizer`` for an optimizer without a
-    dataclass of its own). ``copy.deepcopy`` of the config shares those objects (and a model build writes
-    into ``cfg.model``): each is copied here."""
-    import argparse
-    import copy
-
-    from fairseq.dataclass.utils import omegaconf_no_object_check
-
-    cfg = copy.deepcopy(cfg)
-    for group in list(cfg):
-        value = cfg[group]
-        if isinstance(value, argparse.Namespace):
-            fresh = argparse.Namespace(**copy.deepcopy(vars(value)))
-            if hasattr(fresh, "residual_scheme"):
-                fresh.residual_scheme = scheme
-            with omegaconf_no_object_check():
-                cfg[group] = fresh
-    return cfg
 
 
 def train_config(scheme, *flags):
@@ -47,7 +28,7 @@ def train_config(scheme, *flags):
     twentieth of that: the conversion runs once per list of FLAGS, and another scheme's config is that
     config with the scheme replaced, used only when its parsed arguments differ from the converted ones in
     ``residual_scheme`` alone (the ``tiny`` preset fills every scheme's options whichever is selected, and
-    the config keeps fairseq-train's arguments as they are, :func:`_copy_with_scheme`), else it is converted too."""
+    the config keeps fairseq-train's arguments as they are, :func:`residual_studies.fairseq_cfg.copy_with_scheme`), else it is converted too."""
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -56,12 +37,12 @@ def train_config(scheme, *flags):
         "/synthetic-data", "--user-dir", USER_DIR, "--residual-scheme", scheme, *BASE, *flags])
     converted = _CONFIGS.get(flags)
     if converted is not None and vars(args) == {**vars(converted[0]), "residual_scheme": scheme}:
-        return _copy_with_scheme(converted[1], scheme)
+        return copy_with_scheme(converted[1], scheme)
     parsed = copy.deepcopy(args)
     cfg = convert_namespace_to_omegaconf(args)
     cfg.common.tpu = False
     _CONFIGS[flags] = (parsed, cfg)
-    return _copy_with_scheme(cfg, scheme)
+    return copy_with_scheme(cfg, scheme)
 
 
 def trainer(scheme, *flags, dictionary=None, seed=3):

@@ -8,7 +8,8 @@ Library, one concern each:
 
 * :mod:`.files` (JSON and text files written atomically, fingerprints), :mod:`.runner` (running and
   supervising fairseq commands, side by side; the user-facing error), :mod:`.steps` (resumable steps),
-  :mod:`.options` (the argparse types of the numeric and list options);
+  :mod:`.options` (the argparse types of the numeric and list options), :mod:`.fairseq_cfg` (fairseq's
+  training config reused across schemes);
 * :mod:`.logs` (the one parser of fairseq train logs, the one reader of fairseq-generate output),
   :mod:`.divergence` (the one rule that says a run diverged), :mod:`.commands` (the one builder of
   fairseq-train, -generate and -interactive commands and home of their translation settings, the benchmark
