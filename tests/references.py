@@ -452,14 +452,15 @@ REFERENCES = {
 }
 
 
-def _attention_with_values(mha, x, v, key_padding_mask, causal):
-    """Self-attention of ``x`` (T x B x C) with the values ``v`` (T x B x C) given, from the raw weights."""
+def _attention_with_values(mha, x, v, key_padding_mask, causal, k_in=None):
+    """Self-attention of ``x`` (T x B x C) with the values ``v`` (T x B x C) given, from the raw weights; the keys
+    from ``k_in`` (T x B x C) where given, else from ``x``."""
     T, B, C = x.shape
     H = mha.num_heads
     d = C // H
     heads = lambda t: t.reshape(T, B, H, d).permute(1, 2, 0, 3)  # noqa: E731  B x H x T x d
     q = heads(F.linear(x, mha.q_proj.weight, mha.q_proj.bias) * d ** -0.5)
-    k = heads(F.linear(x, mha.k_proj.weight, mha.k_proj.bias))
+    k = heads(F.linear(x if k_in is None else k_in, mha.k_proj.weight, mha.k_proj.bias))
     scores = q @ k.transpose(-1, -2)
     if key_padding_mask is not None:
         scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
@@ -701,22 +702,12 @@ class AttnRes(Transcription):
 
 
 REFERENCES["attn_res"] = (["--attn-res-blocks", 2], AttnRes(blocks=2), AttnRes(blocks=2, rms_keys=False))
+
+
 def _attention_qkv(mha, q_in, k_in, v_in, key_padding_mask, causal):
     """Attention with queries, keys and values from three inputs (T x B x C each), from the raw weights."""
-    T, B, C = q_in.shape
-    H = mha.num_heads
-    d = C // H
-    heads = lambda t: t.reshape(T, B, H, d).permute(1, 2, 0, 3)  # noqa: E731  B x H x T x d
-    q = heads(F.linear(q_in, mha.q_proj.weight, mha.q_proj.bias) * d ** -0.5)
-    k = heads(F.linear(k_in, mha.k_proj.weight, mha.k_proj.bias))
-    v = heads(F.linear(v_in, mha.v_proj.weight, mha.v_proj.bias))
-    scores = q @ k.transpose(-1, -2)
-    if key_padding_mask is not None:
-        scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-    if causal:
-        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-    out = (torch.softmax(scores, dim=-1) @ v).permute(2, 0, 1, 3).reshape(T, B, C)
-    return F.linear(out, mha.out_proj.weight, mha.out_proj.bias)
+    v = F.linear(v_in, mha.v_proj.weight, mha.v_proj.bias)
+    return _attention_with_values(mha, q_in, v, key_padding_mask, causal, k_in=k_in)
 
 
 class MuddFormer(Transcription):
