@@ -76,7 +76,7 @@ import torch
 from torch import Tensor, nn
 
 from ..residual import SublayerResidual, StackResidual
-from .base import STACKS, Option, OptionError, ResidualScheme
+from .base import Option, OptionError, ResidualScheme, STACKS, stack_depth
 
 #: eps of the RMSNorm of the keys
 KEY_EPS = 1e-6
@@ -202,13 +202,6 @@ class AttnResStack(StackResidual):
         return f"layers={self.num_layers}, " + (f"blocks={self.blocks}" if self.blocks else "full")
 
 
-def _depth(args, stack: str):
-    value = getattr(args, f"{stack}_layers", None)
-    if value is None and hasattr(args, stack):
-        value = getattr(getattr(args, stack), "layers", None)
-    return value
-
-
 class AttnRes(ResidualScheme):
     name = "attn_res"
     label = "AttnRes"
@@ -257,7 +250,7 @@ class AttnRes(ResidualScheme):
         if not blocks:
             return
         for stack in STACKS:
-            depth = _depth(args, stack)
+            depth = stack_depth(args, stack)
             if depth is not None and int(blocks) > int(depth):
                 raise OptionError(
                     f"--attn-res-blocks {blocks} is larger than --{stack}-layers {depth}: a block needs at least "

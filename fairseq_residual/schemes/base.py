@@ -29,6 +29,16 @@ from ..residual import SublayerResidual, StackResidual
 STACKS = ("encoder", "decoder")
 
 
+
+def stack_depth(args, stack: str):
+    """The number of layers of ``stack`` ("encoder" or "decoder") the parsed arguments ask for:
+    ``args.<stack>_layers`` (fairseq-train's flags), else ``args.<stack>.layers`` (a Hydra config); None
+    where neither is set."""
+    value = getattr(args, f"{stack}_layers", None)
+    if value is None and hasattr(args, stack):
+        value = getattr(getattr(args, stack), "layers", None)
+    return value
+
 class OptionError(ValueError):
     """A residual option outside its range, or given for a scheme that is not selected."""
 

@@ -53,7 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from ..residual import StackResidual
-from .base import STACKS, Option, OptionError, ResidualScheme
+from .base import Option, OptionError, ResidualScheme, STACKS, stack_depth
 
 
 @dataclass(frozen=True)
@@ -154,13 +154,6 @@ class DenseFormerStack(StackResidual):
         return f"layers={self.num_layers}, dilation={self.dilation}, period={self.period}, alphas={self.alpha.numel()}"
 
 
-def _depth(args, stack: str):
-    value = getattr(args, f"{stack}_layers", None)
-    if value is None and hasattr(args, stack):
-        value = getattr(getattr(args, stack), "layers", None)
-    return value
-
-
 class DenseFormer(ResidualScheme):
     name = "denseformer"
     label = "DenseFormer"
@@ -201,7 +194,7 @@ class DenseFormer(ResidualScheme):
         """
         super().check_args(args)
         for stack in STACKS:
-            depth = _depth(args, stack)
+            depth = stack_depth(args, stack)
             if depth is None:
                 continue
             for dest, what in (("denseformer_period", "no layer of the {stack} would be followed by an average"),
