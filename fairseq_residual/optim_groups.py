@@ -12,7 +12,7 @@ rate and the other settings copied from their group, so that schedulers, which s
 treating them alike. They move also where their settings agree with the group's: the groups then depend on the
 model, not on the options' values, and a run resumed with other options finds the groups it saved. A flat fp16 master copy (``--fp16`` without
 ``--fp16-no-flatten-grads``) holds no per-parameter attribute: a scheme that needs overrides refuses that
-combination itself (:func:`fairseq_residual.schemes.hyper_connections.refuse_flat_fp16_with_weight_decay`).
+combination itself (:meth:`fairseq_residual.schemes.base.ResidualScheme.refuse_flat_fp16`).
 
 Two override keys are multipliers rather than settings, for rules that scale whatever the options give (Depth-µP's
 per-stack learning rate and eps, :mod:`fairseq_residual.schemes.depth_mup`):

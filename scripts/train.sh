@@ -60,7 +60,11 @@ Options:
                                 it with sbatch
   --precision P          fp32, fp16, bf16 or amp (default: the paper's: fp32 for iwslt14, amp for
                          wmt14, fp16 for opus100; fp32 with --cpu). fp16 with resi_dual sets
-                         model.resi_dual_scale=0.05 (unless --extra sets it); bf16 leaves it
+                         model.resi_dual_scale=0.05 (unless --extra sets it); bf16 leaves it.
+                         fp16 with a scheme whose parameters have their own optimizer settings
+                         (its optim_overrides in the registry, e.g. hyper-connections' static
+                         weights without weight decay) sets common.fp16_no_flatten_grads=true
+                         (fairseq's flat fp32 copy has one parameter group)
   --max-tokens N         tokens per GPU per batch (default: 4096, the paper's)
   --update-freq N        force update_freq (default: computed, see below)
   --cpu                  train on CPU (common.cpu=true, gloo backend, legacy_ddp); for tests and
@@ -143,11 +147,13 @@ esac
 PYTHON="${PYTHON:-$(command -v python || command -v python3)}"
 # configs/$CONFIG.yaml's max_tokens x update_freq (the paper's tokens per update on one GPU), its
 # precision and encoder depth; the run directory's name pattern; the folder of the plugin Python imports
-# (the --user-dir, unless FAIRSEQ_RESIDUAL_USER_DIR names one); the registered schemes: one Python start-up
+# (the --user-dir, unless FAIRSEQ_RESIDUAL_USER_DIR names one); the registered schemes; those whose parameters
+# carry their own optimizer settings (no weight decay, a learning-rate factor), which need fairseq's
+# per-parameter fp32 master copy under fp16 (common.fp16_no_flatten_grads=true): one Python start-up
 DEFAULTS="$(tools train-defaults "$CONFIG")" \
     || die "cannot find fairseq_residual with $PYTHON: install the project (pip install -e .)"
 { read -r TOTAL_TOKENS DEFAULT_PRECISION DEFAULT_DEPTH; read -r RUN_NAME; read -r PLUGIN_DIR
-  read -r KNOWN_SCHEMES; } <<< "$DEFAULTS"
+  read -r KNOWN_SCHEMES; read -r PER_PARAMETER_FP16; } <<< "$DEFAULTS"
 USER_DIR="${FAIRSEQ_RESIDUAL_USER_DIR:-$PLUGIN_DIR}"
 DEPTHS="${DEPTHS:-$DEFAULT_DEPTH}"
 
@@ -335,6 +341,10 @@ build_command() {  # build_command SCHEME LAYERS SEED RUN_DIR -> CMD array
         fp16) ov+=(common.fp16=true common.bf16=false common.amp=false)
               if [[ $scheme == resi_dual ]] && ! extra_sets model.resi_dual_scale; then
                   ov+=(model.resi_dual_scale=0.05)
+              fi
+              if [[ " $PER_PARAMETER_FP16 " == *" $scheme "* ]] && ! extra_sets common.fp16_no_flatten_grads \
+                  && ! extra_sets common.memory_efficient_fp16; then
+                  ov+=(common.fp16_no_flatten_grads=true)
               fi ;;
         bf16) ov+=(common.bf16=true common.fp16=false common.memory_efficient_fp16=false common.amp=false) ;;
         amp)  ov+=(common.amp=true common.fp16=false common.memory_efficient_fp16=false common.bf16=false) ;;

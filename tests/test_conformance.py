@@ -255,6 +255,15 @@ def test_options_the_scheme_cannot_honour_are_refused(scheme):
     for flag in ("--encoder-layers", "--decoder-layers"):
         with pytest.raises(ValueError, match=rf"^{flag} must be at least 1, got 0"):
             tiny(scheme, flag, 0)
+    # per-parameter optimizer settings: the registry's optim_overrides says which (scripts/train.sh reads it), and
+    # fairseq's flat --fp16 master copy, one parameter group, is refused for them
+    keys = {k for p in tiny(scheme).parameters() for k in (getattr(p, "optim_overrides", None) or {})}
+    assert keys == set(s.optim_overrides_keys) and bool(keys) == bool(s.optim_overrides)
+    if keys:
+        with pytest.raises(ValueError, match=rf"--residual-scheme {scheme} trains {s.optim_overrides}, but --fp16 "
+                                             rf"keeps one flat fp32 copy .* add --fp16-no-flatten-grads"):
+            tiny(scheme, "--fp16", "--optimizer", "adam", "--weight-decay", 0.1)
+        tiny(scheme, "--fp16", "--fp16-no-flatten-grads", "--optimizer", "adam", "--weight-decay", 0.1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -155,12 +155,23 @@ def test_precision_switches():
     c = cmd("--scheme", "resi_dual", "--precision", "fp16", "--extra", "model.resi_dual_scale=0.2")
     assert override(c, "model.resi_dual_scale") == "0.2"
     c = cmd("--scheme", "post_ln", "--precision", "fp16")
-    assert override(c, "model.resi_dual_scale") is None
+    assert override(c, "model.resi_dual_scale") is None and override(c, "common.fp16_no_flatten_grads") is None
     c = cmd("--scheme", "resi_dual", "--precision", "bf16")
     assert override(c, "common.bf16") == "true" and override(c, "common.fp16") == "false"
     assert override(c, "model.resi_dual_scale") is None  # bf16 has fp32's range: c stays 1.0
     c = cmd("--scheme", "resi_dual", "--precision", "fp32")
     assert {override(c, f"common.{k}") for k in ("fp16", "bf16", "amp", "memory_efficient_fp16")} == {"false"}
+    # per-parameter optimizer settings (the registry's optim_overrides, read by train.sh without importing
+    # the plugin) need fairseq's per-parameter fp32 master copy: set for those schemes only, and not over --extra
+    from fairseq_residual.schemes import SCHEMES
+    from residual_studies.shell import optim_override_schemes
+
+    listed = optim_override_schemes().split()
+    assert listed == [s.name for s in SCHEMES if s.optim_overrides] and "hyper_connections" in listed
+    c = cmd("--scheme", listed[0], "--precision", "fp16")
+    assert override(c, "common.fp16_no_flatten_grads") == "true"
+    c = cmd("--scheme", listed[0], "--precision", "fp16", "--extra", "common.memory_efficient_fp16=true")
+    assert override(c, "common.fp16_no_flatten_grads") is None
     proc = dry_run("--benchmark", "wmt14", "--cpu", "--precision", "fp16", check=False)
     assert proc.returncode == 2 and "needs CUDA" in proc.stdout
     proc = dry_run("--benchmark", "wmt14", "--scheme", "preln", check=False)

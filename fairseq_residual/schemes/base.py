@@ -22,7 +22,7 @@ subclass and a scheme class, plus its module name in ``schemes/registry_order.py
 import argparse
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, FrozenSet, Mapping, Optional, Tuple
 
 from ..residual import SublayerResidual, StackResidual
 
@@ -189,6 +189,12 @@ class ResidualScheme:
         fp16_advice: what its running sums need in fp16, from the measurements of ``docs/precision.md``
             (the compatibility table of docs/schemes.md, Markdown); what the code refuses is found by
             :func:`fairseq_residual.schemes.docs.refusals`, not written here.
+        optim_overrides: what the scheme's parameters set for themselves through fairseq's per-parameter
+            ``optim_overrides`` (:mod:`fairseq_residual.optim_groups`), as "trains ..." completes it, or "" for
+            none. fairseq's flat ``--fp16`` master copy has no room for per-parameter settings: such a scheme
+            refuses it (:meth:`check_args`) and ``scripts/train.sh`` adds ``common.fp16_no_flatten_grads=true``.
+        optim_overrides_keys: the settings those overrides touch; ``{"weight_decay"}`` alone is harmless
+            with ``--weight-decay 0``.
         fairseq_path: True for the schemes that are fairseq's own layers and loops (Post-LN, Pre-LN).
         builds_on: the stock fairseq transformer the scheme modifies, ``post_ln`` or ``pre_ln`` (the
             baseline of its speed and memory ratios): ``pre_ln`` for schemes with a final LayerNorm.
@@ -225,6 +231,8 @@ class ResidualScheme:
     reading: str = ""
     recipe: str = ""
     fp16_advice: str = ""
+    optim_overrides: str = ""
+    optim_overrides_keys: FrozenSet[str] = frozenset()
     fairseq_path: bool = False
     builds_on: str = "pre_ln"
     normalize_before: bool = False
@@ -307,6 +315,7 @@ class ResidualScheme:
                 f"--layernorm-embedding adds a LayerNorm but --residual-scheme {self.name} has none anywhere: "
                 f"drop --layernorm-embedding"
             )
+        self.refuse_flat_fp16(args)
         if not self.layerdrop:
             for stack in STACKS:
                 if (getattr(args, f"{stack}_layerdrop", 0) or 0) > 0:
@@ -319,6 +328,27 @@ class ResidualScheme:
                         f"--{stack}-layers-to-keep is not supported with --residual-scheme {self.name}: "
                         f"{self.no_layerdrop_reason}; drop --{stack}-layers-to-keep"
                     )
+
+    def refuse_flat_fp16(self, args) -> None:
+        """fairseq's ``--fp16`` optimizer (``fairseq/optim/fp16_optimizer.py``) keeps one flat fp32 copy of all
+        the weights unless ``--fp16-no-flatten-grads``: one parameter group, no room for :attr:`optim_overrides`.
+
+        Raises:
+            ValueError: flat ``--fp16`` (not memory-efficient, not bf16) for a scheme with overrides (those of
+                weight decay only: when ``--weight-decay`` > 0), naming the fixes.
+        """
+        if not self.optim_overrides:
+            return
+        flat = getattr(args, "fp16", False) and not getattr(args, "memory_efficient_fp16", False) \
+            and not getattr(args, "fp16_no_flatten_grads", False) and not getattr(args, "bf16", False)
+        only_decay = set(self.optim_overrides_keys) == {"weight_decay"}
+        if not flat or (only_decay and not (getattr(args, "weight_decay", 0) or 0) > 0):
+            return
+        raise ValueError(
+            f"--residual-scheme {self.name} trains {self.optim_overrides}, but --fp16 keeps one flat fp32 copy of "
+            f"all weights, which has no room for that: add --fp16-no-flatten-grads (or use --memory-efficient-fp16, "
+            f"--bf16{', or --weight-decay 0' if only_decay else ''})"
+        )
 
     def norm_refusal(self, norm: str, args) -> Optional[str]:
         """Why this scheme cannot run with ``--norm norm`` given the options ``args``, or None (default: none

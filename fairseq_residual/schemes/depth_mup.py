@@ -39,6 +39,7 @@ from typing import Dict, List
 
 from torch import Tensor
 
+from ..optim_groups import EPS_SCALE, LR_SCALE
 from ..residual import SublayerResidual, with_main
 from .base import STACKS, Option, ResidualScheme
 
@@ -98,6 +99,8 @@ class DepthMuP(ResidualScheme):
                "included), as DeepNorm's separate constants; L_base is in layers")
     recipe = ("decoder-only LMs transferring hyper-parameters from a base depth (CompleteP: AdamW, µP width rules, "
               "L_base of a few layers); no translation recipe.")
+    optim_overrides = "the layers' parameters with their own learning rate and eps"
+    optim_overrides_keys = frozenset({LR_SCALE, EPS_SCALE})
     fp16_advice = ("`--fp16` needs `--fp16-no-flatten-grads` (fairseq's flat fp32 copy has no room for the layers' "
                    "own learning rate and eps); as Pre-LN: its stream grows with depth and training and has no scale: "
                    "measure a checkpoint, and train in bf16 where the peak nears a tenth of 65,504")
@@ -110,18 +113,6 @@ class DepthMuP(ResidualScheme):
 
     def options(self, args):
         return DepthMuPOptions(alpha=float(args.depth_alpha), base=int(args.depth_base))
-
-    def check_args(self, args):
-        """Refuse a flat ``--fp16`` master copy, which holds no per-parameter learning rate or eps."""
-        super().check_args(args)
-        flat = getattr(args, "fp16", False) and not getattr(args, "memory_efficient_fp16", False) \
-            and not getattr(args, "fp16_no_flatten_grads", False) and not getattr(args, "bf16", False)
-        if flat:
-            raise ValueError(
-                f"--residual-scheme {self.name} trains the layers' parameters with their own learning rate and eps, "
-                f"but --fp16 keeps one flat fp32 copy of all weights, which has no room for that: add "
-                f"--fp16-no-flatten-grads (or use --memory-efficient-fp16 or --bf16)"
-            )
 
     def sublayer_residual(self, cfg, site):
         return DepthMuPResidual(site, cfg.residual_options.params)

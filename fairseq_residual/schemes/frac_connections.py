@@ -55,7 +55,7 @@ from torch import Tensor
 
 from ..residual import NORM_INPUT
 from .base import STACKS, Option, OptionError, ResidualScheme
-from .hyper_connections import TanhConnection, refuse_flat_fp16_with_weight_decay
+from .hyper_connections import NO_WEIGHT_DECAY, TanhConnection
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,8 @@ class FracConnections(ResidualScheme):
                "Pre-LN's")
     recipe = ("the baseline's recipe unchanged (OLMo2-1B2, OLMoE-1.3B / 7B; m = 4, dynamic; m = 2 gives most of the "
               "gain); no weight decay on the static parts.")
+    optim_overrides = "its static connection weights without weight decay"
+    optim_overrides_keys = frozenset(NO_WEIGHT_DECAY)
     fp16_advice = ("`--fp16` with weight decay needs `--fp16-no-flatten-grads` (as `hyper_connections`); as Pre-LN "
                    "otherwise (coefficients computed in fp32)")
     OPTIONS = (
@@ -173,7 +175,6 @@ class FracConnections(ResidualScheme):
             ValueError: naming the flag, the width and the fix.
         """
         super().check_args(args)
-        refuse_flat_fp16_with_weight_decay(self.name, args)
         m = getattr(args, "frac_connections_fracs", None)
         for stack in STACKS:
             c = getattr(args, f"{stack}_embed_dim", None)

@@ -385,6 +385,8 @@ class HyperConnections(ResidualScheme):
               "connection weights. The paper's \"output projections' std scaled by sqrt(n)\" is not offered: its "
               "direction is not stated, and at initialisation the final LayerNorm removes any common scale. At "
               "initialisation the model is Pre-LN (`tests/test_streams.py`).")
+    optim_overrides = "its static connection weights without weight decay"
+    optim_overrides_keys = frozenset(NO_WEIGHT_DECAY)
     fp16_advice = ("`--fp16` with weight decay needs `--fp16-no-flatten-grads` (fairseq's flat fp32 copy has no room "
                    "for the static weights' own parameter group); as Pre-LN: its streams grow and have no scale "
                    "(coefficients and the stream sum are computed in fp32)")
@@ -401,33 +403,12 @@ class HyperConnections(ResidualScheme):
         return HyperConnectionsOptions(streams=int(args.hc_streams), dynamic=bool(args.hc_dynamic),
                                        compile=bool(getattr(args, "hc_compile", False)))
 
-    def check_args(self, args):
-        super().check_args(args)
-        refuse_flat_fp16_with_weight_decay(self.name, args)
-
     def sublayer_residual(self, cfg, site):
         opts = cfg.residual_options.params
         return HyperConnection(site, opts.streams, opts.dynamic, opts.compile)
 
     def stack_residual(self, cfg, stack, num_layers, embed_dim):
         return StreamsStack(stack, num_layers, embed_dim, cfg.residual_options.params.streams)
-
-
-def refuse_flat_fp16_with_weight_decay(scheme: str, args) -> None:
-    """fairseq's ``--fp16`` optimizer keeps one flat fp32 copy of all the weights, which cannot hold the
-    static connection weights' own parameter group without weight decay.
-
-    Raises:
-        ValueError: ``--fp16`` (flat, not memory-efficient) with ``--weight-decay`` > 0, naming the fixes.
-    """
-    flat = getattr(args, "fp16", False) and not getattr(args, "memory_efficient_fp16", False) \
-        and not getattr(args, "fp16_no_flatten_grads", False) and not getattr(args, "bf16", False)
-    if flat and (getattr(args, "weight_decay", 0) or 0) > 0:
-        raise ValueError(
-            f"--residual-scheme {scheme} trains its static connection weights without weight decay, but --fp16 "
-            f"keeps one flat fp32 copy of all weights, which has no room for that: add --fp16-no-flatten-grads "
-            f"(or use --memory-efficient-fp16, --bf16, or --weight-decay 0)"
-        )
 
 
 SCHEME = HyperConnections()

@@ -4,8 +4,10 @@
   scheme-names                 the registered residual schemes, space separated, in table order
   config-values NAME           tokens per update, default precision and depth of configs/NAME.yaml
   plugin-dir                   the folder of the fairseq_residual that Python imports (for --user-dir)
-  train-defaults NAME          four lines, one start-up: config-values NAME; the run directory name
-                               pattern ({scheme}-{layers}L-seed{seed}); plugin-dir; scheme-names
+  train-defaults NAME          five lines, one start-up: config-values NAME; the run directory name
+                               pattern ({scheme}-{layers}L-seed{seed}); plugin-dir; scheme-names; the
+                               schemes whose parameters carry their own optimizer settings (fairseq's
+                               optim_overrides), which fairseq's flat --fp16 master copy cannot hold
   count-sentences PREFIX...    sentences of each binarized split, one line each (empty when unknown)
   eval-meta BENCH RUN_DIR NAME CKPT AVERAGE_LOG SUBSET BEAM LENPEN MAX_LEN_A MAX_LEN_B DATA [NEWSTEST REFS]
                                the evaluation's metadata (JSON) for score_bleu.py --meta; AVERAGE_LOG:
@@ -40,6 +42,27 @@ def config_values(name):
 
     v = values(name)
     return f"{v['tokens_per_update']} {v['precision']} {v['depth']}"
+
+
+def optim_override_schemes():
+    """The registered schemes whose class sets a non-empty ``optim_overrides`` (per-parameter optimizer settings,
+    :class:`fairseq_residual.schemes.base.ResidualScheme`), space-separated. Read from the scheme modules' source
+    by their paths, without importing them (torch and fairseq: 3.5 s of every train.sh call): an assignment
+    ``optim_overrides = "..."`` in a class body. ``tests/test_train_script.py`` checks it against the registry."""
+    import ast
+    import os
+
+    found = []
+    for name in scheme_names().split():
+        with open(os.path.join(PLUGIN_DIR, "schemes", name + ".py"), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            for stmt in cls.body:
+                if isinstance(stmt, ast.Assign) and any(getattr(t, "id", None) == "optim_overrides"
+                                                        for t in stmt.targets):
+                    if isinstance(stmt.value, ast.Constant) and stmt.value.value:
+                        found.append(name)
+    return " ".join(dict.fromkeys(found))
 
 
 def count_sentences(prefix):
@@ -90,7 +113,7 @@ def main(argv=None):
         print(PLUGIN_DIR)
     elif cmd == "train-defaults" and len(args) == 1:
         try:
-            print(config_values(args[0]), RUN_NAME, PLUGIN_DIR, scheme_names(), sep="\n")
+            print(config_values(args[0]), RUN_NAME, PLUGIN_DIR, scheme_names(), optim_override_schemes(), sep="\n")
         except (FileNotFoundError, KeyError, ValueError) as e:
             sys.exit(f"train-defaults: {e}")
     elif cmd == "count-sentences" and args:
