@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, FrozenSet, Mapping, Optional, Tuple
 
+from ..optim_groups import flat_master_copy_refusal
 from ..residual import SublayerResidual, StackResidual
 
 STACKS = ("encoder", "decoder")
@@ -332,23 +333,20 @@ class ResidualScheme:
     def refuse_flat_fp16(self, args) -> None:
         """fairseq's ``--fp16`` optimizer (``fairseq/optim/fp16_optimizer.py``) keeps one flat fp32 copy of all
         the weights unless ``--fp16-no-flatten-grads``: one parameter group, no room for :attr:`optim_overrides`.
+        This is the early check of ``fairseq-train``; under ``fairseq-hydra-train`` the model's config holds no
+        ``common`` settings, and the same refusal comes from fairseq's fp16 optimizer as the plugin wraps it
+        (:mod:`fairseq_residual.optim_groups`).
 
         Raises:
             ValueError: flat ``--fp16`` (not memory-efficient, not bf16) for a scheme with overrides (those of
                 weight decay only: when ``--weight-decay`` > 0), naming the fixes.
         """
-        if not self.optim_overrides:
-            return
         flat = getattr(args, "fp16", False) and not getattr(args, "memory_efficient_fp16", False) \
             and not getattr(args, "fp16_no_flatten_grads", False) and not getattr(args, "bf16", False)
-        only_decay = set(self.optim_overrides_keys) == {"weight_decay"}
-        if not flat or (only_decay and not (getattr(args, "weight_decay", 0) or 0) > 0):
-            return
-        raise ValueError(
-            f"--residual-scheme {self.name} trains {self.optim_overrides}, but --fp16 keeps one flat fp32 copy of "
-            f"all weights, which has no room for that: add --fp16-no-flatten-grads (or use --memory-efficient-fp16, "
-            f"--bf16{', or --weight-decay 0' if only_decay else ''})"
-        )
+        why = flat_master_copy_refusal(flat, self.optim_overrides_keys if self.optim_overrides else (),
+                                       getattr(args, "weight_decay", 0))
+        if why:
+            raise ValueError(f"--residual-scheme {self.name} trains {self.optim_overrides}, but {why}")
 
     def norm_refusal(self, norm: str, args) -> Optional[str]:
         """Why this scheme cannot run with ``--norm norm`` given the options ``args``, or None (default: none
