@@ -85,6 +85,24 @@ def test_renormalise_puts_an_updated_model_back_on_the_sphere():
     assert _plain_step_then(ours, hook=True) < 1e-6
 
 
+def test_weight_decay_is_named_once_at_the_first_step(caplog):
+    """The recipe has no weight decay; the optimizer, not the model's config, says whether it decays (Hydra builds
+    the model without the optimizer's settings)."""
+    import logging
+
+    from fairseq_residual.schemes import ngpt
+
+    scheme = get_scheme("ngpt")
+    for decay, warned in ((0.1, 1), (0.0, 0)):
+        model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", "ngpt")
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=decay)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=ngpt.__name__):
+            for _ in range(2):
+                scheme.after_optimizer_step(model, opt)
+        assert sum("nGPT trains without weight decay" in r.getMessage() for r in caplog.records) == warned
+
+
 @pytest.mark.parametrize("precision", [(), ("--bf16", "--fp16-no-flatten-grads")], ids=["fp32", "bf16"])
 def test_fairseqs_trainer_renormalises_after_every_step(precision):
     """fairseq's own Trainer (task.optimizer_step): after each update the model's matrices, and in bf16 the fp32

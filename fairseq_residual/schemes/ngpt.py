@@ -65,6 +65,7 @@ Refused, naming the fix: ``--adaptive-softmax-cutoff`` (no output projection to 
 embedding width (``--decoder-input-dim`` / ``--decoder-output-dim``: the projections in between would leave the
 sphere).
 """
+import logging
 import math
 from dataclasses import dataclass
 from typing import Dict, List
@@ -76,6 +77,8 @@ from torch import Tensor, nn
 from ..layers import ResidualDecoderLayer, ResidualEncoderLayer
 from ..residual import NORM_NONE, StackResidual, SublayerResidual, with_main
 from .base import Option, ResidualScheme
+
+logger = logging.getLogger(__name__)
 
 #: the smallest norm divided by (as ``F.normalize``): a zero vector (a padded position, the padding row) stays 0
 NORM_EPS = 1e-12
@@ -311,6 +314,21 @@ def renormalise(model, optimizer=None) -> None:
             p.data.copy_(sphere(p.data, axis))
 
 
+def warn_weight_decay(model, optimizer) -> None:
+    """Log once per model when ``optimizer`` (fairseq's or torch's) decays weights: nGPT trains without weight decay
+    (the recipe of arXiv 2410.01131 and NVIDIA/ngpt ``train.py``). Checked at the first optimizer step rather than among
+    the model's options, because ``fairseq-hydra-train`` builds the model from a config without the optimizer's."""
+    if getattr(model, "_ngpt_weight_decay_checked", False):
+        return
+    model._ngpt_weight_decay_checked = True
+    decay = max((g.get("weight_decay", 0) or 0 for g in getattr(optimizer, "param_groups", ())), default=0)
+    if decay > 0:
+        logger.warning(
+            "nGPT trains without weight decay (NVIDIA/ngpt train.py), but the optimizer decays weights by %g: it "
+            "pulls the eigen learning rates and scalers (alpha, s_qk, s_u, s_z) toward 0 at every step, while the "
+            "matrices are put back on the sphere after it; use --weight-decay 0 (optimizer.weight_decay=0)", decay)
+
+
 def on_sphere(model, tol: float = 1e-5) -> float:
     """The largest ``| ||row|| - 1 |`` over :func:`sphere_matrices` (zero rows, the padding embedding before any
     update, left out): 0 up to rounding for a renormalised model."""
@@ -402,6 +420,7 @@ class NGPT(ResidualScheme):
 
     def after_optimizer_step(self, model, optimizer) -> None:
         renormalise(model, optimizer)
+        warn_weight_decay(model, optimizer)
 
 
 SCHEME = NGPT()
