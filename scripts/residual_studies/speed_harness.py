@@ -24,6 +24,8 @@ SHAPES = {
                     doc="12+12, 256/1024/4 heads (the paper's deeper IWSLT model)"),
     "deep24": dict(layers=24, embed=256, ffn=1024, heads=4, vocab=10000,
                    doc="24+24, 256/1024/4 heads (deep and narrow)"),
+    "study12": dict(layers=12, embed=64, ffn=128, heads=4, vocab=4000,
+                    doc="12+12, 64/128/4 heads, 4k vocabulary (the ranking study's cells, for load-free costs)"),
     "wmt6": dict(layers=6, embed=512, ffn=2048, heads=8, vocab=32000,
                  doc="6+6, 512/2048/8 heads (residual_transformer_wmt_en_de)"),
 }
