@@ -43,16 +43,21 @@ def tiny(scheme, *flags, d=None, seed=None):
     return model
 
 
-def randomise_scheme_parameters(model, seed=1):
+def randomise_scheme_parameters(model, seed=1, scale=None, mark_profiled=False):
     """Non-trivial LayerNorm affine parameters and scheme parameters (omegas, layer-history weights,
-    ReZero's alphas, ...), so that a misplaced LayerNorm or a lost scheme parameter shows: noise of std 0.3, or
-    the scheme's ``CONFORMANCE_NOISE`` (tests/references.py)."""
-    scale = CONFORMANCE_NOISE.get(model.residual_scheme, 0.3)
+    ReZero's alphas, ...), so that a misplaced LayerNorm or a lost scheme parameter shows: noise of std ``scale``,
+    by default 0.3 or the scheme's ``CONFORMANCE_NOISE`` (tests/references.py); ``mark_profiled``: Admin's
+    omegas marked as profiled."""
+    scale = CONFORMANCE_NOISE.get(model.residual_scheme, 0.3) if scale is None else scale
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or "residual" in name:
                 p.add_(scale * torch.randn_like(p))
+        if mark_profiled:
+            for name, b in model.named_buffers():
+                if name.endswith("residual.profiled"):
+                    b.fill_(1)
 
 
 def test_every_registered_scheme_has_a_reference_transcription():

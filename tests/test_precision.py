@@ -43,6 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import build_model, make_dictionary, random_batch
 from references import CONFORMANCE_NOISE
+from test_conformance import randomise_scheme_parameters
 from fairseq_residual.residual import NORM_INPUT, Site, StackResidual, SublayerResidual, with_main
 from fairseq_residual.schemes import SCHEME_NAMES, SCHEMES, get_scheme
 from trainers import samples, trainer
@@ -65,22 +66,9 @@ DEPTH = ["--encoder-layers", 3, "--decoder-layers", 3]
 PROTOCOL = [s.name for s in SCHEMES if not s.fairseq_path]
 
 
-def randomise_scheme_parameters(model, seed=1, scale=0.3):
-    """Non-trivial LayerNorm and scheme parameters (as the conformance suite does: noise of std ``scale``);
-    Admin marked profiled."""
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or "residual" in name:
-                p.add_(scale * torch.randn_like(p))
-        for name, b in model.named_buffers():
-            if name.endswith("residual.profiled"):
-                b.fill_(1)
-
-
 def tiny(scheme, *flags, d):
     model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", scheme, *DEPTH, *flags, dictionary=d)
-    randomise_scheme_parameters(model)
+    randomise_scheme_parameters(model, scale=0.3, mark_profiled=True)
     return model
 
 
@@ -151,7 +139,7 @@ def test_the_forward_in_bf16_and_fp16_agrees_with_fp32(scheme):
     torch.manual_seed(0)  # the same model whichever tests ran before in this process (the error depends on it)
     d = make_dictionary()
     model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", scheme, *DEPTH, dictionary=d)
-    randomise_scheme_parameters(model, scale=FORWARD_NOISE.get(scheme, 0.3))
+    randomise_scheme_parameters(model, scale=FORWARD_NOISE.get(scheme, 0.3), mark_profiled=True)
     src, lengths, prev, _ = random_batch(d, bsz=5)
     keep = prev.ne(d.pad())
     for dtype, tol in FORWARD_TOL.items():
