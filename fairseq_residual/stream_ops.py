@@ -13,7 +13,7 @@ mixing product keeps anyway), the weight and a few values per row. The streams' 
 gets its closed-form backward the same way (:func:`stream_update`). Under TorchScript, which has no custom
 autograd functions, and without gradients, the same formulas run with autograd's operators.
 """
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 from torch import Tensor
@@ -200,3 +200,113 @@ def compile_unavailable() -> str:
     if not any(shutil.which(c) for c in (os.environ.get("CXX") or "", "g++", "c++", "clang++") if c):
         return "torch.compile's inductor needs a C++ compiler and none was found ($CXX, g++, c++, clang++)"
     return ""
+
+
+class _ProjectMix(torch.autograd.Function):
+    """:func:`project_and_mix`: a connection's whole ``prepare`` in training as one autograd node, whose backward
+    hands every tensor of the streams' size once. Forward: the normalised projection of the streams ``h``
+    (P x n x C), the small coefficient computation (``coefficients``, recorded by autograd on detached copies of
+    its inputs, tiny tensors), and the mixing product ``[branch; carried] = M h`` (M P x (n + 1) x n). Backward,
+    with ``G = [d branch; d carried]`` (P x (n + 1) x C): ``dM = G h^T``, autograd through the small part for
+    ``dz`` and its inputs' gradients, then ``dh = M^T G`` with the projection's closed-form backward
+    (:class:`_LayerNormProjection`, :class:`_RMSProjection`) added into it in place. What this saves against one
+    autograd node per operator: the gradient of the streams summed from two branches of the graph (an extra
+    P x n x C tensor), ``split``'s backward concatenation being the only copy of G, the view nodes, and the
+    product's slow BLAS orientation in both directions (a few output columns)."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, per_stream: bool, eps: float, coefficients, *small: Tensor):
+        p, n, c = h.shape
+        if per_stream:  # hyper-connections: LN of every stream, z = LN(h_i) W, (P n) x k
+            rows = h.reshape(p * n, c)
+            normed, mean, rstd = torch.native_layer_norm(rows, [c], None, None, eps)
+            z = torch.mm(weight.t(), normed.t()).t()  # (W^T LN(h)^T)^T: BLAS's fast orientation for k columns
+            del normed
+            stats = (mean, rstd)
+        else:  # mHC: RMSNorm of every position's n C values, z = (x W)^T / rms(x), k x P
+            x = h.reshape(p, n * c)
+            inv_rms = torch.rsqrt(x.square().mean(dim=-1) + eps)
+            u = torch.mm(weight.t(), x.t())
+            z = u * inv_rms
+            stats = (u, inv_rms)
+        with torch.enable_grad():
+            z_leaf = z.detach().requires_grad_()
+            small_leaves = [s.detach().requires_grad_(s.requires_grad) for s in small]
+            mix, extra = coefficients(z_leaf, *small_leaves)  # P x (n + 1) x n, the update's coefficients
+        mixed = torch.bmm(mix.detach(), h)  # P x (n + 1) x C
+        branch = mixed[:, 0].contiguous()  # its own storage: what the branch keeps does not hold the rest
+        ctx.per_stream, ctx.eps = per_stream, eps
+        ctx.inner = (z_leaf, small_leaves, mix, extra)
+        ctx.save_for_backward(h, weight, z, *stats)
+        return branch, mixed[:, 1:], extra.detach()
+
+    @staticmethod
+    def backward(ctx, grad_branch: Tensor, grad_carried: Tensor, grad_extra: Tensor):
+        h, weight, z, stat_a, stat_b = ctx.saved_tensors
+        z_leaf, small_leaves, mix, extra = ctx.inner
+        p, n, c = h.shape
+        if grad_branch is None:
+            grad_branch = torch.zeros_like(h[:, 0])
+        if grad_carried is None:
+            grad_carried = torch.zeros_like(h)
+        g = torch.cat([grad_branch.unsqueeze(1), grad_carried], dim=1)  # P x (n + 1) x C
+        grad_mix = torch.bmm(g, h.transpose(1, 2))  # P x (n + 1) x n
+        grad_h = torch.bmm(mix.detach().transpose(1, 2), g)  # P x n x C, ours: the projection's part goes in place
+        del g
+        wanted = [z_leaf] + [s for s in small_leaves if s.requires_grad]
+        outputs, grads = [mix], [grad_mix]
+        if grad_extra is not None:
+            outputs.append(extra)
+            grads.append(grad_extra)
+        found = torch.autograd.grad(outputs, wanted, grads, allow_unused=True)
+        grad_z = found[0] if found[0] is not None else torch.zeros_like(z)
+        small_grads = iter(found[1:])
+        grad_small = [next(small_grads) if s.requires_grad else None for s in small_leaves]
+        if ctx.per_stream:  # _LayerNormProjection.backward, added into grad_h
+            mean, rstd = stat_a, stat_b
+            rows = h.reshape(p * n, c)
+            du = grad_z * rstd  # (P n) x k
+            d_mean = -(du * weight.sum(dim=0)).sum(dim=-1, keepdim=True)
+            d_rstd = (grad_z * z).sum(dim=-1, keepdim=True) / rstd
+            centred = rows - mean
+            grad_rows = grad_h.view(p * n, c)
+            grad_rows.addmm_(du, weight.t()).addcmul_(centred, d_rstd * rstd.pow(3), value=-1.0 / c)
+            grad_rows.add_(d_mean / c)
+            grad_weight = torch.mm(du.t(), centred).t()
+        else:  # _RMSProjection.backward, added into grad_h
+            u, inv_rms = stat_a, stat_b
+            x = h.reshape(p, n * c)
+            du = grad_z * inv_rms  # k x P
+            scale = (grad_z * u).sum(dim=0) * inv_rms.pow(3) / x.size(-1)
+            grad_x = grad_h.view(p, n * c)
+            grad_x.addmm_(du.t(), weight.t()).addcmul_(x, scale.unsqueeze(-1), value=-1.0)
+            grad_weight = torch.mm(du, x).t()
+        return (grad_h, grad_weight, None, None, None, *grad_small)
+
+
+@torch.jit.unused
+def project_and_mix(h: Tensor, weight: Tensor, per_stream: bool, eps: float, coefficients, small: List[Tensor]):
+    """``(branch P x C, carried P x n x C, extra)`` of a multi-stream connection in training, as one autograd node
+    (:class:`_ProjectMix`): ``z`` the normalised projection of the streams ``h`` (P x n x C) with ``weight``,
+    LN of every stream (``per_stream``, hyper-connections' ``LN_hc(h_i) W``, z (P n) x k) or the RMSNorm of every
+    position's ``vec(H)`` (mHC's ``(RMSNorm(vec H) phi)^T``, z k x P), ``eps`` the norm's; ``coefficients(z,
+    *small)`` returns the mixing M (P x (n + 1) x n: row 0 the branch input's weights of the n streams, rows
+    1..n the carried streams') and the update's coefficients ``extra``; ``branch = (M h)[:, 0]``, ``carried =
+    (M h)[:, 1:]``. The same function as the separate operators, in eager training only (no TorchScript, no
+    ``torch.compile``, no double backward)."""
+    return _ProjectMix.apply(h, weight, per_stream, eps, coefficients, *small)
+
+
+def use_fused_training() -> bool:
+    """Whether a connection's training ``prepare`` may run as :func:`project_and_mix`: gradients on, eager mode
+    (not under TorchScript or ``torch.compile``)."""
+    if torch.jit.is_scripting():
+        return False
+    return torch.is_grad_enabled() and not _compiling()
+
+
+@torch.jit.unused
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
