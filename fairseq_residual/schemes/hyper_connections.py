@@ -56,7 +56,7 @@ import torch
 from torch import Tensor, nn
 
 from ..residual import NORM_INPUT, StackResidual, SublayerResidual
-from ..stream_ops import compiled, layer_norm_projection, project_and_mix, stream_update, use_fused_training
+from ..stream_ops import compiled, layer_norm_projection, stream_update
 from .base import Option, ResidualScheme, SpeedGoal
 
 #: fairseq's per-parameter optimizer overrides (``optim_overrides``) of the static connection weights
@@ -276,11 +276,6 @@ class HyperConnection(TanhConnection):
             carried = mix[..., 1:].unsqueeze(-1) * x.unsqueeze(-2)  # P x n x C
         else:
             h = streams.permute(1, 2, 0, 3).reshape(p, n, c).to(dtype)  # a view of positions-first streams
-            if not torch.jit.is_scripting() and self.dynamic_alpha_fn is not None and use_fused_training():
-                branch, carried, beta = self._prepare_fused(h)
-                return (branch.to(streams.dtype).view(t, b, c),
-                        [carried.to(streams.dtype).reshape(t, b, n, c).permute(2, 0, 1, 3),
-                         beta.reshape(t, b, n).permute(2, 0, 1).to(streams.dtype)])
             coef = self._connection(h.reshape(p * n, c), n)
             mixed = coef[..., : n + 1].transpose(-1, -2) @ h  # P x (n + 1) x C
             branch, carried = mixed.split([1, n], dim=1)  # split, not slices: no zero-filled gradients
@@ -289,15 +284,6 @@ class HyperConnection(TanhConnection):
         return (branch.to(streams.dtype).view(t, b, c),
                 [carried.to(streams.dtype).reshape(t, b, n, c).permute(2, 0, 1, 3),
                  beta.reshape(t, b, n).permute(2, 0, 1).to(streams.dtype)])
-
-    @torch.jit.unused
-    def _prepare_fused(self, h: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """``(branch P x C, carried P x n x C, B P x n)`` of the dynamic connection in training, for the streams ``h``
-        (P x n x C), as one autograd node (:func:`~fairseq_residual.stream_ops.project_and_mix`): the same
-        projection, ``tanh`` and mixing as the operators of :meth:`prepare_streams`, with a backward that handles
-        each tensor of the streams' size once."""
-        static, fn, scale = self._build_parts(h.dtype)
-        return project_and_mix(h, fn, True, self.ln_eps, _tanh_mixing, [static, scale])
 
     @torch.jit.unused
     def prepare_inference(self, state: List[Tensor]) -> Tuple[Tensor, List[Tensor]]:
@@ -341,14 +327,6 @@ class HyperConnection(TanhConnection):
 
     def extra_repr(self):
         return f"streams={self.n_streams}, {'dynamic' if self.dynamic_alpha_fn is not None else 'static'}"
-
-
-def _tanh_mixing(z: Tensor, static: Tensor, scale: Tensor) -> Tuple[Tensor, Tensor]:
-    """Hyper-connections' mixing ``[A_m | A_r]^T`` (P x (n + 1) x n) and ``B`` (P x n) from the projection ``z =
-    LN_hc(h_i) [W_alpha | w_beta]`` ((P n) x (n + 2)): ``static + scale * tanh(z)`` (eq. 10-13)."""
-    n = static.size(0)
-    coef = torch.addcmul(static, torch.tanh(z).view(-1, n, static.size(-1)), scale)  # P x n x (n + 2)
-    return coef[..., : n + 1].transpose(-1, -2), coef[..., n + 1]
 
 
 class StreamsStack(StackResidual):

@@ -66,7 +66,7 @@ import torch
 from torch import Tensor, nn
 
 from ..residual import NORM_INPUT
-from ..stream_ops import compiled, project_and_mix, rms_projection, stream_update, use_fused_training
+from ..stream_ops import compiled, rms_projection, stream_update
 from .base import Option, ResidualScheme, SpeedGoal
 from .hyper_connections import COMPILE_HELP, StreamsConnection, StreamsStack
 
@@ -336,9 +336,6 @@ class ManifoldHyperConnection(StreamsConnection):
             # P x n x C positions-first: with the coefficients P x n contiguous (a transposed n x P would
             # lay the product out streams-first, and the next sub-layer would copy it)
             carried = res.sum(dim=1).t().contiguous().unsqueeze(-1) * x.unsqueeze(1)
-        elif not torch.jit.is_scripting() and self._fusable() and use_fused_training():
-            h = streams.permute(1, 2, 0, 3).reshape(p, n, c).to(dtype)  # a view of positions-first streams
-            branch, carried, post = self._prepare_fused(h)
         else:
             h = streams.permute(1, 2, 0, 3).reshape(p, n, c).to(dtype)  # a view of positions-first streams
             pre, post, res = self._positions_last(h.reshape(p, n * c), 1)  # vec(H) per position, a view
@@ -347,36 +344,6 @@ class ManifoldHyperConnection(StreamsConnection):
             branch = branch.contiguous()
         return (branch.to(streams.dtype).view(t, b, c),
                 [carried.to(streams.dtype).reshape(t, b, n, c).permute(2, 0, 1, 3), post.view(n, t, b).to(streams.dtype)])
-
-    @torch.jit.unused
-    def _fusable(self) -> bool:
-        """Whether this connection computes mHC's own ``H_res`` (Sinkhorn-Knopp, eq. 9), which :meth:`_prepare_fused`
-        spells out: False for a subclass with another ``H_res`` (mHC-lite)."""
-        return type(self)._residual_mixing is ManifoldHyperConnection._residual_mixing
-
-    @torch.jit.unused
-    def _prepare_fused(self, h: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """``(branch P x C, carried P x n x C, H_post n x P)`` in training, for the streams ``h`` (P x n x C), as one
-        autograd node (:func:`~fairseq_residual.stream_ops.project_and_mix`): the same projection, gates,
-        Sinkhorn-Knopp and mixing as the operators of :meth:`prepare_streams`, with a backward that handles each
-        tensor of the streams' size once."""
-        dtype = h.dtype
-        phi = torch.cat([self.phi_pre, self.phi_post, self.phi_res], dim=1).to(dtype)
-        small = [self.alpha_pre.to(dtype), self.b_pre.to(dtype), self.alpha_post.to(dtype), self.b_post.to(dtype),
-                 self.alpha_res.to(dtype), self.b_res.to(dtype)]
-        return project_and_mix(h, phi, False, self.rms_eps, self._mixing, small)
-
-    @torch.jit.unused
-    def _mixing(self, logits: Tensor, alpha_pre: Tensor, b_pre: Tensor, alpha_post: Tensor, b_post: Tensor,
-                alpha_res: Tensor, b_res: Tensor) -> Tuple[Tensor, Tensor]:
-        """``([H_pre; H_res]`` P x (n + 1) x n, ``H_post`` n x P) from the normalised projection (2n + n^2) x P (eq.
-        7-9), as :meth:`_positions_last` computes them."""
-        n, p = self.n_streams, logits.size(1)
-        pre, post, res = logits.split([n, n, n * n], dim=0)
-        pre = torch.sigmoid(alpha_pre * pre + b_pre.unsqueeze(-1))
-        post = 2 * torch.sigmoid(alpha_post * post + b_post.unsqueeze(-1))
-        res = sinkhorn_knopp_recomputed(alpha_res * res.view(n, n, p) + b_res.unsqueeze(-1), self.sinkhorn_iterations)
-        return torch.cat([pre.unsqueeze(0), res], dim=0).permute(2, 0, 1).contiguous(), post
 
     def update_streams(self, state: List[Tensor], out: Tensor) -> List[Tensor]:
         """``h'_j = carried_j + H_post[j] o`` (eq. 3), n x T x B x C laid out positions-first (T x B x n x C)."""
