@@ -1,4 +1,12 @@
-"""deep24 micro-benchmark / profile: one training step and one beam-search batch, one thread, process CPU time."""
+"""deep24 micro-benchmark / profile: one training step and one beam-search batch, one thread, process CPU time.
+
+Run from the checkout root with PYTHONPATH=<checkout>:
+    python <this file> --mode time --what train,gen --rounds 4      # interleaved ratios to pre_ln
+    python <this file> --mode profile                               # torch.profiler tables per model
+    python <this file> --mode cprofile --what gen                   # Python time (process-time clock)
+    python <this file> --mode faults                                # page faults, user / system time
+AB=1 (with commit e50d90e's code) times each multi-stream model twice per round, its single-node training
+prepare on and off (``use_fused_training``), and prints the paired ratios; OLD=1 turns it off."""
 import argparse, cProfile, pstats, io, os, sys, time, statistics, warnings, logging, collections
 sys.path.insert(0, os.path.join(os.getcwd(), "scripts"))
 warnings.filterwarnings("ignore"); logging.disable(logging.WARNING)
