@@ -8,26 +8,30 @@ import contextlib
 import importlib
 import io
 import logging
+import os
 import sys
+import threading
+import time
+import traceback
 
 #: the console scripts this module runs in-process: name -> fairseq_cli module
 TOOLS = {"fairseq-train": "fairseq_cli.train", "fairseq-generate": "fairseq_cli.generate",
          "fairseq-preprocess": "fairseq_cli.preprocess"}
+#: the console scripts a study's cells start (residual_studies.cell), for :func:`run_logged`: name -> module
+STUDY_TOOLS = dict(TOOLS, **{"fairseq-residual-analyze": "fairseq_residual.analyze.cli"})
 #: the loggers whose INFO lines make the tools' output
 LOGGERS = ("fairseq", "fairseq_cli", "fairseq_residual", "train", "train_inner", "valid")
 
 
-def fairseq_main(tool, *args):
-    """Run ``tool`` (a key of :data:`TOOLS`) with ``args`` in this process.
+def _run_tool(module_name, tool, args, stderr=False):
+    """Run ``module_name``'s ``cli_main`` as ``tool`` with ``args`` in this process (``stderr``: its standard
+    error too, else only its standard output and logging).
 
     Returns:
-        str: what the tool printed and logged (INFO and above, fairseq's log format), as the console
-        script's output would read.
-
-    Raises:
-        AssertionError: the tool raised or exited with a non-zero status; the message holds its output.
+        ``(status, output, exception)``: the exit status (0, the ``SystemExit`` code, or 1 when it raised),
+        what it printed and logged (INFO and above, fairseq's log format) and the exception it raised, if any.
     """
-    module = importlib.import_module(TOOLS[tool])
+    module = importlib.import_module(module_name)
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
@@ -42,24 +46,64 @@ def fairseq_main(tool, *args):
     root.addHandler(handler)
     argv = sys.argv
     sys.argv = [tool, *[str(a) for a in args]]
+    status, raised = 0, None
     try:
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out) if stderr else contextlib.nullcontext():
             module.cli_main()
     except SystemExit as e:
-        if e.code not in (None, 0):
-            raise AssertionError(f"{tool} {' '.join(sys.argv[1:])} exited with {e.code}:\n"
-                                 f"{out.getvalue()[-6000:]}") from e
-    except Exception as e:  # the whole chain, as the traceback of the console script shows it
-        chain, cause = [], e
-        while cause is not None and len(chain) < 8:
-            chain.append(f"{type(cause).__name__}: {cause}")
-            cause = cause.__cause__ or cause.__context__
-        raise AssertionError(f"{tool} {' '.join(sys.argv[1:])} raised {' <- '.join(chain)}\n"
-                             f"{out.getvalue()[-6000:]}") from e
+        status = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+        if e.code not in (None, 0) and not isinstance(e.code, int):
+            out.write(f"{e.code}\n")
+    except Exception as e:  # noqa: BLE001 (the console script would print its traceback and exit with 1)
+        status, raised = 1, e
+        out.write(traceback.format_exc())
     finally:
         sys.argv = argv
         root.removeHandler(handler)
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
         logging.disable(disabled)
-    return out.getvalue()
+    return status, out.getvalue(), raised
+
+
+def fairseq_main(tool, *args):
+    """Run ``tool`` (a key of :data:`TOOLS`) with ``args`` in this process.
+
+    Returns:
+        str: what the tool printed and logged (INFO and above, fairseq's log format), as the console
+        script's output would read.
+
+    Raises:
+        AssertionError: the tool raised or exited with a non-zero status; the message holds its output.
+    """
+    status, output, raised = _run_tool(TOOLS[tool], tool, args)
+    if raised is not None:  # the whole chain, as the traceback of the console script shows it
+        chain, cause = [], raised
+        while cause is not None and len(chain) < 8:
+            chain.append(f"{type(cause).__name__}: {cause}")
+            cause = cause.__cause__ or cause.__context__
+        raise AssertionError(f"{tool} {' '.join(map(str, args))} raised {' <- '.join(chain)}\n"
+                             f"{output[-6000:]}") from raised
+    if status != 0:
+        raise AssertionError(f"{tool} {' '.join(map(str, args))} exited with {status}:\n{output[-6000:]}")
+    return output
+
+
+_ONE_AT_A_TIME = threading.Lock()
+
+
+def run_logged(cmd, log_path, threads, append=False):
+    """:func:`residual_studies.runner.run_logged` with the console script ``cmd[0]`` (a key of
+    :data:`STUDY_TOOLS`, by its file name) run in this process: the same log file (the command line, then
+    what the tool printed and logged), its exit status (1 when it raised, its traceback in the log) and the
+    CPU seconds it used (this thread's). fairseq's state is global: tools run one at a time, so a study's
+    ``--jobs`` cells take turns; ``threads`` is the process's (one, tests/conftest.py)."""
+    from residual_studies.runner import quote
+
+    tool = os.path.basename(cmd[0])
+    with _ONE_AT_A_TIME, open(log_path, "a" if append else "w", encoding="utf-8") as lf:
+        lf.write("$ " + quote(cmd) + "\n")
+        t0 = time.thread_time()
+        status, output, _ = _run_tool(STUDY_TOOLS[tool], tool, cmd[1:], stderr=True)
+        lf.write(output)
+    return status, round(time.thread_time() - t0, 1)
