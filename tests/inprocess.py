@@ -107,3 +107,39 @@ def run_logged(cmd, log_path, threads, append=False):
         status, output, _ = _run_tool(STUDY_TOOLS[tool], tool, cmd[1:], stderr=True)
         lf.write(output)
     return status, round(time.thread_time() - t0, 1)
+
+
+def run(cmd, log_path=None, append=False, prefix="", show=None, stats=None, log=None):
+    """:func:`residual_studies.runner.run` with the console script ``cmd[0]`` (a key of :data:`STUDY_TOOLS`,
+    by its file name) run in this process: the command line logged, the tool's output in ``log_path``, its
+    lines matching ``show`` (default the runner's) printed after ``prefix``, the CPU seconds it used (this
+    thread's) returned and put in ``stats["cpu_s"]``.
+
+    Raises:
+        ToolError: the tool exits non-zero or raises (the message names it and its last lines), as the
+            runner's does.
+    """
+    from residual_studies import runner
+
+    show = runner.SHOW_RE if show is None else show
+    log = log or runner.say
+    tool = os.path.basename(cmd[0])
+    log(f"{prefix}$ {runner.quote(cmd)}")
+    with _ONE_AT_A_TIME:
+        t0 = time.thread_time()
+        status, output, _ = _run_tool(STUDY_TOOLS[tool], tool, cmd[1:], stderr=True)
+        cpu = time.thread_time() - t0
+    if log_path:
+        with open(log_path, "a" if append else "w", encoding="utf-8") as lf:
+            lf.write(f"# $ {runner.quote(cmd)}\n{output}")
+    lines = output.splitlines()
+    for line in lines:
+        if show.search(line):
+            runner.say(prefix + line)
+    if stats is not None:
+        stats["cpu_s"] = cpu
+    if status != 0:
+        raise runner.ToolError(f"{tool} failed with exit status {status}" + (f"; full log: {log_path}" if log_path
+                                                                            else "") + "\n"
+                               + "\n".join("    " + t for t in lines[-15:]))
+    return cpu
