@@ -17,14 +17,12 @@ import traceback
 #: the console scripts this module runs in-process: name -> fairseq_cli module
 TOOLS = {"fairseq-train": "fairseq_cli.train", "fairseq-generate": "fairseq_cli.generate",
          "fairseq-preprocess": "fairseq_cli.preprocess"}
-#: the console scripts a study's cells start (residual_studies.cell), for :func:`run_logged`: name -> module
-STUDY_TOOLS = dict(TOOLS, **{"fairseq-residual-analyze": "fairseq_residual.analyze.cli"})
 #: the loggers whose INFO lines make the tools' output
 LOGGERS = ("fairseq", "fairseq_cli", "fairseq_residual", "train", "train_inner", "valid")
 
 
-def _run_tool(module_name, tool, args, stderr=False):
-    """Run ``module_name``'s ``cli_main`` as ``tool`` with ``args`` in this process (``stderr``: its standard
+def _run_tool(module_name, tool, args, stderr=False, function="cli_main"):
+    """Run ``module_name``'s ``function`` as ``tool`` with ``args`` in this process (``stderr``: its standard
     error too, else only its standard output and logging).
 
     Returns:
@@ -49,7 +47,7 @@ def _run_tool(module_name, tool, args, stderr=False):
     status, raised = 0, None
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out) if stderr else contextlib.nullcontext():
-            module.cli_main()
+            getattr(module, function)()
     except SystemExit as e:
         status = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
         if e.code not in (None, 0) and not isinstance(e.code, int):
@@ -92,28 +90,42 @@ def fairseq_main(tool, *args):
 _ONE_AT_A_TIME = threading.Lock()
 
 
+def _console_script(path):
+    """``(module, function)`` that the installed console script ``path`` (by its file name) calls: its entry
+    point in the installed distributions' metadata (fairseq's, this project's setup.py)."""
+    from importlib.metadata import entry_points
+
+    name = os.path.basename(path)
+    found = entry_points(group="console_scripts", name=name)
+    if len(found) != 1:
+        raise AssertionError(f"{name}: {len(found)} console-script entry points installed, expected one")
+    (ep,) = found
+    return ep.module, ep.attr
+
+
 def run_logged(cmd, log_path, threads, append=False):
-    """:func:`residual_studies.runner.run_logged` with the console script ``cmd[0]`` (a key of
-    :data:`STUDY_TOOLS`, by its file name) run in this process: the same log file (the command line, then
-    what the tool printed and logged), its exit status (1 when it raised, its traceback in the log) and the
-    CPU seconds it used (this thread's). fairseq's state is global: tools run one at a time, so a study's
+    """:func:`residual_studies.runner.run_logged` with the console script ``cmd[0]`` run in this process (the
+    function its installed entry point names, :func:`_console_script`): the same log file (the command line,
+    then what the tool printed and logged), its exit status (1 when it raised, its traceback in the log) and
+    the CPU seconds it used (this thread's). fairseq's state is global: tools run one at a time, so a study's
     ``--jobs`` cells take turns; ``threads`` is the process's (one, tests/conftest.py)."""
     from residual_studies.runner import quote
 
     tool = os.path.basename(cmd[0])
+    module, function = _console_script(cmd[0])
     with _ONE_AT_A_TIME, open(log_path, "a" if append else "w", encoding="utf-8") as lf:
         lf.write("$ " + quote(cmd) + "\n")
         t0 = time.thread_time()
-        status, output, _ = _run_tool(STUDY_TOOLS[tool], tool, cmd[1:], stderr=True)
+        status, output, _ = _run_tool(module, tool, cmd[1:], stderr=True, function=function)
         lf.write(output)
     return status, round(time.thread_time() - t0, 1)
 
 
 def run(cmd, log_path=None, append=False, prefix="", show=None, stats=None, log=None):
-    """:func:`residual_studies.runner.run` with the console script ``cmd[0]`` (a key of :data:`STUDY_TOOLS`,
-    by its file name) run in this process: the command line logged, the tool's output in ``log_path``, its
-    lines matching ``show`` (default the runner's) printed after ``prefix``, the CPU seconds it used (this
-    thread's) returned and put in ``stats["cpu_s"]``.
+    """:func:`residual_studies.runner.run` with the console script ``cmd[0]`` run in this process (the function
+    its installed entry point names, :func:`_console_script`): the command line logged, the tool's output in
+    ``log_path``, its lines matching ``show`` (default the runner's) printed after ``prefix``, the CPU seconds it
+    used (this thread's) returned and put in ``stats["cpu_s"]``.
 
     Raises:
         ToolError: the tool exits non-zero or raises (the message names it and its last lines), as the
@@ -124,10 +136,11 @@ def run(cmd, log_path=None, append=False, prefix="", show=None, stats=None, log=
     show = runner.SHOW_RE if show is None else show
     log = log or runner.say
     tool = os.path.basename(cmd[0])
+    module, function = _console_script(cmd[0])
     log(f"{prefix}$ {runner.quote(cmd)}")
     with _ONE_AT_A_TIME:
         t0 = time.thread_time()
-        status, output, _ = _run_tool(STUDY_TOOLS[tool], tool, cmd[1:], stderr=True)
+        status, output, _ = _run_tool(module, tool, cmd[1:], stderr=True, function=function)
         cpu = time.thread_time() - t0
     if log_path:
         with open(log_path, "a" if append else "w", encoding="utf-8") as lf:
@@ -139,7 +152,7 @@ def run(cmd, log_path=None, append=False, prefix="", show=None, stats=None, log=
     if stats is not None:
         stats["cpu_s"] = cpu
     if status != 0:
-        raise runner.ToolError(f"{tool} failed with exit status {status}" + (f"; full log: {log_path}" if log_path
-                                                                            else "") + "\n"
+        where = f"; full log: {log_path}" if log_path else ""
+        raise runner.ToolError(f"{tool} failed with exit status {status}{where}\n"
                                + "\n".join("    " + t for t in lines[-15:]))
     return cpu
