@@ -234,9 +234,9 @@ def test_a_tiny_real_run_killed_resumes_trains_translates_analyses_skips_and_con
     it skips both; 40 updates continue the warm6 cell from its checkpoint; a learning curve of the same cell,
     trained at once from scratch, has its checkpoints, and its model at 30 updates is the killed and resumed
     cell's at 30, bit for bit (exact by construction: the same operations in the same order, one thread,
-    MKL's alignment-independent mode, tests/conftest.py). After the kill, the study runs in-process and so
-    do its cells' fairseq tools (tests/inprocess.py: the same commands, their cli_main; the killed run
-    started them as processes)."""
+    MKL's alignment-independent mode, tests/conftest.py). After the kill, the study runs in-process and so do
+    its cells' fairseq tools (tests/inprocess.py: the same commands, the functions their console scripts call);
+    the killed run started fairseq-train as a process, through the same runner."""
     import glob
     import re
     import signal

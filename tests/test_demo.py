@@ -187,7 +187,7 @@ def test_corrupt_data_files_name_the_file(tmp_path):
 
 def test_larger_max_update_continues_the_finished_run(demo_run, tmp_path, capsys, monkeypatch):
     """The demo's fairseq-train and fairseq-generate run in-process here (tests/inprocess.py: the same commands,
-    their cli_main; the demo run of the fixture starts them as processes)."""
+    the functions their console scripts call); the demo run of the fixture starts them as processes."""
     monkeypatch.setattr(demo, "_run", inprocess.run)
     out, _ = demo_run
     copy = tmp_path / "out"
