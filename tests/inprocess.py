@@ -3,7 +3,9 @@
 scripts call, with ``sys.argv`` set, without the ~4 s of a new interpreter importing torch and fairseq.
 
 Use it wherever the process boundary is not what a test checks (exit statuses, messages on stderr, a kill,
-``torchrun`` and the shell scripts still need :func:`conftest.run_cli`)."""
+``torchrun`` and the shell scripts still need :func:`conftest.run_cli`). :func:`run_logged` and :func:`run` stand
+in for the tools' runners (``residual_studies.runner``) in a test that monkeypatches them: the command a study or
+the demo builds, run through the function its console script calls."""
 import contextlib
 import importlib
 import io
