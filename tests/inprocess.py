@@ -110,15 +110,24 @@ def run_logged(cmd, log_path, threads, append=False):
     function its installed entry point names, :func:`_console_script`): the same log file (the command line,
     then what the tool printed and logged), its exit status (1 when it raised, its traceback in the log) and
     the CPU seconds it used (this thread's). fairseq's state is global: tools run one at a time, so a study's
-    ``--jobs`` cells take turns; ``threads`` is the process's (one, tests/conftest.py)."""
+    ``--jobs`` cells take turns; ``threads`` (0: torch's choice) sets torch's threads while the tool runs, as
+    the runner sets the child's OpenMP threads."""
+    import torch
+
     from residual_studies.runner import quote
 
     tool = os.path.basename(cmd[0])
     module, function = _console_script(cmd[0])
     with _ONE_AT_A_TIME, open(log_path, "a" if append else "w", encoding="utf-8") as lf:
         lf.write("$ " + quote(cmd) + "\n")
+        before = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(threads)
         t0 = time.thread_time()
-        status, output, _ = _run_tool(module, tool, cmd[1:], stderr=True, function=function)
+        try:
+            status, output, _ = _run_tool(module, tool, cmd[1:], stderr=True, function=function)
+        finally:
+            torch.set_num_threads(before)
         lf.write(output)
     return status, round(time.thread_time() - t0, 1)
 
