@@ -50,6 +50,17 @@ def pytest_itemcollected(item):
         item.add_marker(pytest.mark.xdist_group(path))
 
 
+@pytest.hookimpl(trylast=True)  # after tests/process_guard.py has marked the tests of slow fixtures slow
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist, the slow tests (those that start processes, tests/process_guard.py) first, each
+    lane in its files' order. ``--dist loadgroup`` hands out the groups of module-scoped fixtures first
+    (largest first), then the other tests in collection order: a slow test collected late (a file near the
+    end of the alphabet) could start when the other worker has little left and set the suite's wall time;
+    this way the workers end on fast tests and finish together. (Without xdist the order stays the files'.)"""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: False (slow) first
+
+
 def cli_env():
     """Environment for every subprocess of the suite (fairseq CLIs, the scripts): the venv's bin first on
     PATH, its Python as ``PYTHON`` (what the shell scripts run), one thread, unbuffered output, no

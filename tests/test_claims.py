@@ -6,8 +6,9 @@
   every registered scheme's cells.
 * The learning curve's plateau rule.
 * One real, tiny run (one scheme, two conditions, one seed, 30 updates, a 300-pair head of the shipped
-  corpus), in-process: cells trained, translated, analysed; a second run skips them; a larger budget
-  continues a cell bit for bit; a learning curve of the same cell. A killed study, through the entry point.
+  corpus): started through the entry point and killed, resumed in-process: cells trained, translated,
+  analysed; a second run skips them; a larger budget continues a cell; a learning curve of the same cell,
+  whose uninterrupted model equals the killed and resumed one bit for bit.
 """
 import json
 import math
@@ -16,6 +17,7 @@ import subprocess
 
 import pytest
 
+import inprocess
 from conftest import REPO, cli_env
 from fairseq_residual.schemes import SCHEME_NAMES, colors
 from residual_studies import claims, claims_report, claims_study, learning_curve, stats
@@ -223,23 +225,53 @@ def _same_weights(a, b):
 
 
 @pytest.mark.slow
-def test_a_tiny_real_run_trains_translates_analyses_resumes_and_continues(tmp_path, corpus_head, capsys):
-    """One scheme, two conditions, one seed, 30 updates; the same command again skips both cells; 40
-    updates continue the warm6 cell from its checkpoint; a learning curve of the same cell has its
-    checkpoints, and its model at 30 updates is the grid cell's at 30 (exact by construction: the same
-    operations in the same order, one thread, MKL's alignment-independent mode, tests/conftest.py)."""
+def test_a_tiny_real_run_killed_resumes_trains_translates_analyses_skips_and_continues(tmp_path, corpus_head,
+                                                                                       capsys, monkeypatch):
+    """One scheme, two conditions, one seed, 30 updates, through the entry point (the shell script, Python,
+    fairseq-train): SIGKILL the whole study once its first cell has saved an intermediate checkpoint
+    (--checkpoint-every 10); the same command (without --checkpoint-every, not a setting of the cell) resumes
+    that cell from the checkpoint, not from update 0, and trains, translates and analyses both cells; again,
+    it skips both; 40 updates continue the warm6 cell from its checkpoint; a learning curve of the same cell,
+    trained at once from scratch, has its checkpoints, and its model at 30 updates is the killed and resumed
+    cell's at 30, bit for bit (exact by construction: the same operations in the same order, one thread,
+    MKL's alignment-independent mode, tests/conftest.py). After the kill, the study runs in-process and so do
+    its cells' fairseq tools (tests/inprocess.py: the same commands, the functions their console scripts call);
+    the killed run started fairseq-train as a process, through the same runner."""
+    import glob
+    import re
+    import signal
+    import time
+
     data = corpus_head(300, 20, 20)
     out = tmp_path / "study"
     base = ["--data", data, "--schemes", "post_ln", "--seeds", "1", *TINY]
     cmd = base + ["--out", out, "--conditions", "warm6,nowarm6", "--updates", "30"]
 
+    # the entry point, one cell at a time, killed inside the first cell's training
+    proc = subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "claims_study.sh"), *map(str, cmd),
+                             "--checkpoint-every", "10", "--jobs", "1"], env=cli_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while not glob.glob(str(out / "cells" / "*" / "checkpoint_*_*.pt")):
+        assert proc.poll() is None and time.time() < deadline, "no intermediate checkpoint before the end"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    (killed,) = glob.glob(str(out / "cells" / "*"))
+    assert not os.path.exists(os.path.join(killed, "train_state.json"))  # killed inside its first segment
+
+    monkeypatch.setattr("residual_studies.cell.run_logged", inprocess.run_logged)
     study_in_process(capsys, *cmd)
     saved = json.loads((out / "results.json").read_text())
     assert {(c["condition"], c["status"]) for c in saved["cells"]} == {("warm6", "ok"), ("nowarm6", "ok")}
+    assert os.path.basename(killed) in {c["cell"] for c in saved["cells"]}  # resumed in its own folder
     for cell in saved["cells"]:
         assert cell["scores"]["bleu"] is not None and cell["diagnostics"]["cos_top_dec"] is not None
         assert "--warmup-updates 1 " in cell["command"] if cell["condition"] == "nowarm6" else \
             "--warmup-updates 5 " in cell["command"]
+    with open(os.path.join(killed, "train-u30.log"), encoding="utf-8") as f:
+        loaded = [int(n) for n in re.findall(r"Loaded checkpoint .*\(epoch \d+ @ (\d+) updates\)", f.read())]
+    assert loaded and loaded[-1] > 0  # the second fairseq-train started from the killed run's checkpoint
     assert "without warm-up, Post-LN fails (6+6)" in (out / "results.md").read_text()
     assert study_in_process(capsys, *cmd).count("finished earlier (ok), skipped") == 2
 
@@ -248,57 +280,21 @@ def test_a_tiny_real_run_trains_translates_analyses_resumes_and_continues(tmp_pa
     assert "training on from 30 updates to 40 updates" in text
     (cell,) = json.loads((out / "results.json").read_text())["cells"]
     cell_dir = out / "cells" / cell["cell"]
+    assert str(cell_dir) == killed  # warm6, the first cell, was the one killed
     assert cell["budget"] == 40 and [g["updates"] for g in json.loads(
         (cell_dir / "train_state.json").read_text())["segments"]] == [30, 40]
     assert (cell_dir / "budgets" / "u30" / "result.json").exists()  # the earlier budget is kept
-    # (that the continued run is the run trained at once, bit for bit, is the killed study's test below: the
+    # (that a continued run is the run trained at once, bit for bit, is the killed cell's comparison below: the
     # same fairseq resume from a cell's checkpoint_last.pt)
 
-    # the learning curve of the same cell: a checkpoint every 10 updates, each scored
+    # the learning curve of the same cell, trained from scratch without a kill: a checkpoint every 10
+    # updates, each scored; at 30 updates, the killed and resumed cell's model
     study_in_process(capsys, *base, "--out", out, "--conditions", "warm6", "--updates", "30",
                      "--learning-curve", "--curve-every", "10")
     (curve,) = json.loads((out / "learning_curve.json").read_text())["curves"]
     assert [p["updates"] for p in curve["points"]] == [10, 20, 30]
     assert all(p["bleu"] is not None and p["valid_nll"] is not None for p in curve["points"])
+    assert curve["cell"] != cell["cell"]
     assert _same_weights(out / "cells" / curve["cell"] / "budgets" / "u30" / "checkpoint.pt",
                          cell_dir / "budgets" / "u30" / "checkpoint.pt")
     assert "Where each metric stops moving" in (out / "learning_curve.md").read_text()
-
-
-@pytest.mark.slow
-def test_a_killed_study_resumes_from_its_last_checkpoint_and_equals_the_uninterrupted_run(tmp_path, corpus_head,
-                                                                                         capsys):
-    """SIGKILL the whole study (the shell script, Python and fairseq-train) once a cell's training has saved
-    an intermediate checkpoint (--checkpoint-every 10); the same command resumes it from that checkpoint, not
-    from update 0, and the cell ends bit for bit equal to one trained without a kill."""
-    import glob
-    import signal
-    import time
-
-    args = ["--data", str(corpus_head(300, 20, 20)), "--schemes", "pre_ln", "--seeds", "1", *TINY,
-            "--conditions", "warm6", "--updates", "60", "--jobs", "1"]
-    base = ["bash", os.path.join(ROOT, "scripts", "claims_study.sh"), *args]
-    env = cli_env()
-    out = tmp_path / "killed"
-    proc = subprocess.Popen(base + ["--out", str(out), "--checkpoint-every", "10"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    while not glob.glob(str(out / "cells" / "*" / "checkpoint_*_*.pt")):
-        assert proc.poll() is None and time.time() < deadline, "no intermediate checkpoint before the end"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    (cell_dir,) = glob.glob(str(out / "cells" / "*"))
-    assert not os.path.exists(os.path.join(cell_dir, "train_state.json"))  # killed inside its first segment
-
-    study_in_process(capsys, *args, "--out", out, "--checkpoint-every", "10")
-    with open(os.path.join(cell_dir, "train-u60.log"), encoding="utf-8") as f:
-        log = f.read()
-    loaded = [int(n) for n in __import__("re").findall(r"Loaded checkpoint .*\(epoch \d+ @ (\d+) updates\)", log)]
-    assert loaded and loaded[-1] > 0  # the second fairseq-train started from the killed run's checkpoint
-
-    fresh = tmp_path / "fresh"
-    study_in_process(capsys, *args, "--out", fresh)
-    name = os.path.basename(cell_dir)  # --checkpoint-every is not a setting of the cell: same folder name
-    assert _same_weights(os.path.join(cell_dir, "budgets", "u60", "checkpoint.pt"),
-                         fresh / "cells" / name / "budgets" / "u60" / "checkpoint.pt")

@@ -17,6 +17,7 @@ import subprocess
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
+import inprocess
 from conftest import REPO, SHIPPED_CORPUS, cli_env
 from residual_studies import demo
 from residual_studies.logs import loss_curves
@@ -184,7 +185,10 @@ def test_corrupt_data_files_name_the_file(tmp_path):
     assert counts == {"train": 13032, "valid": 1000, "test": 1000} and len(digests) == 6
 
 
-def test_larger_max_update_continues_the_finished_run(demo_run, tmp_path, capsys):
+def test_larger_max_update_continues_the_finished_run(demo_run, tmp_path, capsys, monkeypatch):
+    """The demo's fairseq-train and fairseq-generate run in-process here (tests/inprocess.py: the same commands,
+    the functions their console scripts call); the demo run of the fixture starts them as processes."""
+    monkeypatch.setattr(demo, "_run", inprocess.run)
     out, _ = demo_run
     copy = tmp_path / "out"
     shutil.copytree(out, copy)

@@ -86,37 +86,14 @@ def test_evaluate_iwslt14_tokenized_bleu(trained_run):
 
 
 @pytest.mark.slow
-def test_evaluate_wmt14_with_checkpoint_averaging(trained_run, tmp_path):
-    raw, data_bin, run_dir = trained_run
-    out = tmp_path / "wmt.json"
-    run_script([EVALUATE, "--benchmark", "wmt14", "--run-dir", run_dir, "--data", data_bin,
-                "--source-lang", "src", "--target-lang", "tgt", "--average", "3", "--cpu",
-                "--raw-ref", raw / "test.tgt", "--out", out], timeout=300)
-    result = json.loads(out.read_text())
-    averaged = result["checkpoint"]["averaged"]
-    assert [p.rsplit("/", 1)[1] for p in averaged] == ["checkpoint6.pt", "checkpoint7.pt", "checkpoint8.pt"]
-    hyps, refs = ordered_pairs(run_dir / "eval" / "generate-test.txt")
-    split = [re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", x) for x in hyps + refs]
-    direct = sacrebleu_direct(split[:len(hyps)], split[len(hyps):], tokenize="none")
-    assert result["metrics"]["tokenized_bleu_compound_split"]["score"] == pytest.approx(direct.score, abs=1e-9)
-    md = MosesDetokenizer(lang="tgt")
-    raw_refs = (raw / "test.tgt").read_text().splitlines()
-    direct = sacrebleu_direct([md.detokenize(h.split()) for h in hyps], raw_refs)
-    sacre = result["metrics"]["sacrebleu"]
-    assert sacre["score"] == pytest.approx(direct.score, abs=1e-9)
-    assert "tok:13a" in sacre["signature"] and "case:mixed" in sacre["signature"]
-    assert result["primary_metric"] == "sacrebleu"
-    for name, metric in result["metrics"].items():
-        assert metric["description"] and metric["signature"], name
-
-
-@pytest.mark.slow
-def test_evaluate_wmt14_newstest_average(trained_run, tmp_path):
-    """--newstest-average on the tiny model: its test set stands in for every newstest year (splits
-    named newstestYYYY as prepare-wmt14-en-de.sh --newstest-years writes them, 2014 = test). The
-    tiny model's hypotheses are 1-3 tokens, so every year's BLEU is 0 here: this checks the
-    decoding per year and the plumbing; test_newstest_average_is_the_mean_of_sacrebleu checks the
-    numbers on hypotheses that partly match."""
+def test_evaluate_wmt14_with_checkpoint_averaging_and_the_newstest_average(trained_run, tmp_path):
+    """The WMT14 way: the last 3 checkpoints averaged, compound-split tokenized BLEU and sacreBLEU of the
+    detokenized output against the raw reference; with --newstest-average on the tiny model: its test set
+    stands in for every newstest year (splits named newstestYYYY as prepare-wmt14-en-de.sh --newstest-years
+    writes them, 2014 = test), each decoded with the averaged checkpoint. The tiny model's hypotheses are 1-3
+    tokens, so every year's BLEU is 0 here: this checks the decoding per year and the plumbing;
+    test_newstest_average_is_the_mean_of_sacrebleu checks the numbers on hypotheses that partly match (and
+    test_score_bleu_matches_sacrebleu the primary metric without the average)."""
     raw, data_bin, run_dir = trained_run
     data = tmp_path / "data-bin"
     data.mkdir()
@@ -132,10 +109,24 @@ def test_evaluate_wmt14_newstest_average(trained_run, tmp_path):
         shutil.copy(raw / "test.tgt", refs / f"newstest{y}.tgt")
     out = tmp_path / "wmt.json"
     run_script([EVALUATE, "--benchmark", "wmt14", "--run-dir", run_dir, "--data", data,
-                "--source-lang", "src", "--target-lang", "tgt", "--checkpoint", "last", "--cpu",
+                "--source-lang", "src", "--target-lang", "tgt", "--average", "3", "--cpu",
                 "--raw-ref", raw / "test.tgt", "--newstest-average", "--newstest-refs", refs,
                 "--out", out], timeout=400)
     result = json.loads(out.read_text())
+    averaged = result["checkpoint"]["averaged"]
+    assert [p.rsplit("/", 1)[1] for p in averaged] == ["checkpoint6.pt", "checkpoint7.pt", "checkpoint8.pt"]
+    hyps, refs_tok = ordered_pairs(run_dir / "eval" / "generate-test.txt")
+    split = [re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", x) for x in hyps + refs_tok]
+    direct = sacrebleu_direct(split[:len(hyps)], split[len(hyps):], tokenize="none")
+    assert result["metrics"]["tokenized_bleu_compound_split"]["score"] == pytest.approx(direct.score, abs=1e-9)
+    md = MosesDetokenizer(lang="tgt")
+    direct = sacrebleu_direct([md.detokenize(h.split()) for h in hyps], raw_refs)
+    sacre = result["metrics"]["sacrebleu"]
+    assert sacre["score"] == pytest.approx(direct.score, abs=1e-9)
+    assert "tok:13a" in sacre["signature"] and "case:mixed" in sacre["signature"]
+    for name, metric in result["metrics"].items():
+        assert metric["description"] and metric["signature"], name
+
     assert list(result["metrics"]) == ["tokenized_bleu_compound_split", "sacrebleu",
                                        "sacrebleu_newstest2010_2016_avg"]
     assert result["primary_metric"] == "sacrebleu_newstest2010_2016_avg"
@@ -143,15 +134,15 @@ def test_evaluate_wmt14_newstest_average(trained_run, tmp_path):
     assert gen_cfg["beam"] == 4 and gen_cfg["references"] == str(refs)
     assert gen_cfg["lenpen"] == {f"newstest{y}": 0.6 if y == 2014 else 1.0 for y in range(2010, 2017)}
     assert gen_cfg["subset"]["newstest2014"] == "test" and gen_cfg["subset"]["newstest2010"] == "newstest2010"
-    md = MosesDetokenizer(lang="tgt")
     scores = []
     for y in range(2010, 2017):
         gen = run_dir / "eval" / ("generate-test.txt" if y == 2014 else f"generate-newstest{y}.txt")
         got = result["newstest_per_year"][f"newstest{y}"]
         assert got["generate"] == str(gen)
-        if y != 2014:  # the year's own split, decoded with beam 4 and lenpen 1.0
-            assert f"'gen_subset': 'newstest{y}'" in (gen.parent / (gen.name + ".log")).read_text()
-            assert "'lenpen': 1.0" in (gen.parent / (gen.name + ".log")).read_text()
+        if y != 2014:  # the year's own split, decoded with beam 4 and lenpen 1.0, with the averaged checkpoint
+            log = (gen.parent / (gen.name + ".log")).read_text()
+            assert f"'gen_subset': 'newstest{y}'" in log and "'lenpen': 1.0" in log
+            assert "checkpoint_avg_last3.pt" in log
         hyps, _ = ordered_pairs(gen)
         direct = sacrebleu_direct([md.detokenize(h.split()) for h in hyps], raw_refs)
         assert got["score"] == pytest.approx(direct.score, abs=1e-9), y
@@ -183,9 +174,9 @@ def test_average_checkpoints_is_the_mean(trained_run, tmp_path):
     paths = average_checkpoints.last_n_checkpoints(run_dir, 2, "epoch")
     assert [p.rsplit("/", 1)[1] for p in paths] == ["checkpoint7.pt", "checkpoint8.pt"]
     out = tmp_path / "avg.pt"
-    subprocess.run([sys.executable, SCRIPTS / "average_checkpoints.py", "--inputs", run_dir,
-                    "--num-epoch-checkpoints", "2", "--output", out], check=True, env=cli_env(),
-                   capture_output=True)
+    # the script's main in-process (evaluate.sh --average starts scripts/average_checkpoints.py, the test above)
+    assert average_checkpoints.main(["--inputs", str(run_dir), "--num-epoch-checkpoints", "2",
+                                     "--output", str(out)]) == paths
     import fairseq_residual  # noqa: F401  (weights_only allow-list)
 
     a, b, avg = (torch.load(p, map_location="cpu") for p in (*paths, out))
@@ -260,6 +251,7 @@ def test_score_bleu_matches_sacrebleu(tmp_path):
 
     wmt = score_bleu.main(["--benchmark", "wmt14", "--generate", str(gen), "--target-lang", "en",
                            "--raw-ref", str(raw), "--out", str(tmp_path / "w.json")])
+    assert wmt["primary_metric"] == "sacrebleu"  # without --newstest-generate
     # fairseq's compound_split_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'
     assert bleu_metrics.compound_split("state-of-the-art x-y-z") == \
         "state ##AT##-##AT## of ##AT##-##AT## the ##AT##-##AT## art x ##AT##-##AT## y-z"

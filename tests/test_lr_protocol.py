@@ -13,6 +13,7 @@ import shlex
 
 import pytest
 
+import inprocess
 from residual_studies import cell, claims, claims_report, claims_study, grid, lr_protocol, ranking
 
 
@@ -311,10 +312,13 @@ def test_the_report_shows_valid_nll_at_every_budget_with_the_plateau_column(tmp_
 
 
 @pytest.mark.slow
-def test_a_tiny_real_protocol_run(tmp_path, corpus_head):
+def test_a_tiny_real_protocol_run(tmp_path, corpus_head, monkeypatch):
     """Pre-LN at two learning rates on a 300-pair corpus head, 6 updates each, then one fresh seed at the
     chosen rate: real fairseq training, translation and analysis (three cells); then the same cells ranked,
-    training nothing more."""
+    training nothing more. The cells' fairseq tools run in-process (tests/inprocess.py: the same commands, the
+    functions their console scripts call, one at a time; the killed study of tests/test_claims.py starts
+    fairseq-train as a process, through the runner)."""
+    monkeypatch.setattr(cell, "run_logged", inprocess.run_logged)
     data = corpus_head(300, 20, 20)
     base = ["--data", data, "--out", tmp_path / "study", "--schemes", "pre_ln", "--lr-grid", "1e-3,3e-3",
             "--tune-seeds", "2", "--updates", "6", "--select-updates", "6", "--warmup", "3", "--width", "16",
