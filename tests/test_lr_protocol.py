@@ -398,6 +398,43 @@ def test_equal_compute_reads_each_row_at_pre_lns_cpu_seconds_and_the_curve_gives
     assert "6.030 ± 0.010 at 1500 updates" in text and "an upper bound" in text
     assert "stopped at 3000" in text and "no plateau by 3000" in text
     assert (tmp_path / "ranking_curves.png").stat().st_size > 10_000
+    assert "the same at idle costs" not in text
+    # idle-machine ratios: hyper-connections 1.5x Pre-LN's time (idle ratio 1.0 for Pre-LN x 1.02 of noise), so
+    # read at 1500 / (0.5 x 1.5 / 1.02) updates; no ratio for ReZero: no second reading
+    idle = {"pre_ln": 1.02, "hyper_connections": 1.5 * 1.02}
+    found = ranking.equal_compute(str(tmp_path), results, 3000, idle)
+    hc = found["hyper_connections"]
+    assert hc["updates"] == pytest.approx(1500) and hc["idle"]["updates"] == pytest.approx(2000)
+    assert hc["idle"]["text"] == "5.030 ± 0.010" and found["pre_ln"]["idle"]["updates"] == pytest.approx(3000)
+    assert found["rezero"]["idle"]["updates"] is None
+    text = ranking.write(str(tmp_path), results, "warm12", idle=idle)
+    assert "the same at idle costs" in text and "5.030 ± 0.010 at 2000 updates" in text
+
+
+def test_idle_costs_are_the_speed_benchmarks_paired_training_ratios(tmp_path, capsys):
+    """Training time relative to stock Pre-LN = 1 / the median over repetitions of the paired throughput ratio;
+    a file of several shapes, or none, is refused, and --idle-costs needs --rank."""
+    from residual_studies.speed_compare import training_time_ratios
+
+    def samples(*values):
+        return {"samples": {"train_tokens_per_s": list(values)}}
+
+    bench = {"shapes": {"study12": {"models": {"transformer_pre_ln": samples(100.0, 200.0, 100.0),
+                                              "hyper_connections": samples(50.0, 80.0, 60.0)}}}}
+    path = tmp_path / "idle.json"
+    path.write_text(json.dumps(bench))
+    ratios = training_time_ratios(str(path))
+    assert ratios["transformer_pre_ln"] == 1.0 and ratios["hyper_connections"] == pytest.approx(1 / 0.5)
+    bench["shapes"]["deep24"] = bench["shapes"]["study12"]
+    path.write_text(json.dumps(bench))
+    with pytest.raises(ValueError, match="2 shapes \\(study12, deep24\\); the training time ratios are read"):
+        training_time_ratios(str(path))
+    with pytest.raises(SystemExit):
+        claims.parse_args(["--idle-costs", str(path)])
+    assert "--idle-costs reads the equal-compute column of a ranking: add --rank" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        claims.parse_args(["--rank", "warm12", "--idle-costs", str(path)])
+    assert "2 shapes (study12, deep24)" in capsys.readouterr().err
 
 
 def test_adjacent_rows_are_compared_on_seed_paired_differences():

@@ -343,6 +343,11 @@ def build_parser():
                         "training state, results, analysis, validation curve; never checkpoints or logs) and "
                         "ranking.md/json/png into DIR, e.g. a folder of the repository; copying DIR/cells into "
                         "a new --out's cells lets the study resume there, skipping every archived cell")
+    p.add_argument("--idle-costs", default=None, metavar="JSON",
+                   help="with --rank: the speed benchmark's --out of the cells' shape measured on an idle machine "
+                        "(e.g. scripts/speed_benchmark.py --shapes study12 --batch-tokens 1600 --no-generate "
+                        "--no-memory, with transformer_pre_ln and the rows in --models); the equal-compute column is "
+                        "read a second time at those costs, free of the load the cells ran under")
     grid.add_cell_arguments(
         p, out=DEFAULT_OUT, study_options=STUDY_OPTIONS, updates=DEFAULT_UPDATES, max_tokens=DEFAULT_MAX_TOKENS,
         warmup=DEFAULT_WARMUP,
@@ -366,6 +371,16 @@ def parse_args(argv=None):
     if args.lr_grid and args.select_seed in args.tune_seeds:
         parser.error(f"--tune-seeds {','.join(map(str, args.tune_seeds))} holds --select-seed {args.select_seed}: "
                      "the seeds at the chosen rate must be fresh (the choice was made on that seed)")
+    if args.idle_costs and not args.rank:
+        parser.error("--idle-costs reads the equal-compute column of a ranking: add --rank CONDITION or drop it")
+    args.idle = None
+    if args.idle_costs:
+        from .speed_compare import training_time_ratios
+
+        try:
+            args.idle = training_time_ratios(args.idle_costs)
+        except (OSError, ValueError, KeyError) as e:
+            parser.error(f"--idle-costs {args.idle_costs}: {e}")
     if args.rank:
         args.conditions = [args.rank]
     args.argv = argv

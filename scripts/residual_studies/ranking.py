@@ -93,9 +93,12 @@ def _vs_next(e):
     return f"{v['mean']:+.3f}{ci} ({'resolved' if v['resolved'] else 'not resolved'}, n = {v['n']})"
 
 
-def _equal(e):
+def _equal(e, key=None):
+    """The equal-compute cell of row ``e``: at its measured cost, or (``key`` "idle") at its idle-machine cost."""
     q = e.get("equal_compute")
-    if not q or q["updates"] is None:  # no Pre-LN cell to measure C yet
+    if key and q:
+        q = q.get(key)
+    if not q or q["updates"] is None:  # no Pre-LN cell to measure C yet (or no idle ratio for the row)
         return "-"
     if q["text"] is None:
         return f"below the first validation ({q['updates']:.0f} updates)"
@@ -104,17 +107,20 @@ def _equal(e):
 
 
 def table(rows):
-    """The ranked rows as a Markdown table."""
+    """The ranked rows as a Markdown table (with the equal-compute column at idle-machine costs when the rows
+    have it)."""
+    idle = any("idle" in (e.get("equal_compute") or {}) for e in rows)
     return markdown_table(
         ["rank", "scheme", "lr", "seeds", "diverged", "valid nll", "vs next (paired, 95% CI)", "BLEU", "chrF",
          "grad L1/top enc / dec", "cos top enc / dec", "CPU-s / update", "valid nll at Pre-LN's CPU-s",
-         "plateau (curve)", "paper BLEU (IWSLT14)"],
+         *(["the same at idle costs"] if idle else []), "plateau (curve)", "paper BLEU (IWSLT14)"],
         [[e["rank"], e["label"], f"{e['lr']:g}", e["seeds"],
           f"{e['diverged']}" + (f" (+{e['failed']} failed)" if e["failed"] else ""),
           e["text"]["valid_nll"], _vs_next(e), e["text"]["bleu"], e["text"]["chrf"],
           f"{e['text']['grad_enc']} / {e['text']['grad_dec']}", f"{e['text']['cos_enc']} / {e['text']['cos_dec']}",
           "-" if e.get("cpu_per_update") is None else f"{e['cpu_per_update']:.3f}", _equal(e),
-          e.get("plateau_text", "-"), "-" if e["paper"] is None else str(e["paper"])] for e in rows])
+          *([_equal(e, "idle")] if idle else []), e.get("plateau_text", "-"),
+          "-" if e["paper"] is None else str(e["paper"])] for e in rows])
 
 
 def plot(rows, path, title):
@@ -219,7 +225,22 @@ def _at(curve, updates):
     return curve[-1][1] if curve and curve[-1][0] == updates else None
 
 
-def equal_compute(out, results, budget):
+def _read_at(curves, total, rate, budget):
+    """The seeds' curves read at ``total`` CPU-seconds for a row costing ``rate`` CPU-s per update (at most
+    ``budget`` updates): ``{"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound"}``."""
+    entry = dict(cpu_per_update=rate, updates=None, nll=None, text=None, bound=False)
+    if total and rate:
+        updates = total / rate
+        entry["bound"] = updates > budget
+        entry["updates"] = min(updates, budget)
+        values = [_at(c, entry["updates"]) for c in curves]
+        if curves and all(v is not None for v in values):
+            entry["nll"] = mean_sd(values)
+            entry["text"] = ms_text(values, 3)
+    return entry
+
+
+def equal_compute(out, results, budget, idle=None):
     """Each row's valid nll after the training CPU-seconds Pre-LN needed for ``budget`` updates (the plan's
     equal-compute column), and the plateau rule on its seed-mean curve.
 
@@ -228,8 +249,15 @@ def equal_compute(out, results, budget):
     between validations, nothing extrapolated: a row cheaper than Pre-LN gets its value at ``budget``, an upper
     bound on its nll at equal compute (``bound``); a point before the first validation is not read.
 
+    Args:
+        idle: ``{row: training time per token relative to stock Pre-LN}`` measured on an idle machine
+            (:func:`.speed_compare.training_time_ratios`), or None. With it, each row is read a second time
+            (``"idle"``) at c = Pre-LN's measured cost x its ratio / Pre-LN's ratio: the same column without the
+            load the cells ran under.
+
     Returns:
-        ``{row: {"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound", "plateau", "curve"}}``.
+        ``{row: {"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound", "plateau", "curve"[,
+        "idle"]}}``.
     """
     cells = {}
     for r in results:
@@ -247,17 +275,12 @@ def equal_compute(out, results, budget):
         by_update = [dict(c) for c in curves]
         common = sorted(set.intersection(*(set(d) for d in by_update))) if curves else []
         mean_curve = {u: mean_sd([d[u] for d in by_update])[0] for u in common}
-        stop = plateau(mean_curve, start=CURVE_PLATEAU_FROM)
-        entry = dict(cpu_per_update=rate[row], curve=mean_curve, plateau=stop, updates=None, nll=None,
-                     text=None, bound=False)
-        if total and rate[row]:
-            updates = total / rate[row]
-            entry["bound"] = updates > budget
-            entry["updates"] = min(updates, budget)
-            values = [_at(c, entry["updates"]) for c in curves]
-            if curves and all(v is not None for v in values):
-                entry["nll"] = mean_sd(values)
-                entry["text"] = ms_text(values, 3)
+        entry = dict(_read_at(curves, total, rate[row], budget), curve=mean_curve,
+                     plateau=plateau(mean_curve, start=CURVE_PLATEAU_FROM))
+        if idle is not None:
+            idle_rate = (rate.get(BASELINE) and idle.get(row) and idle.get(BASELINE)
+                         and rate[BASELINE] * idle[row] / idle[BASELINE])
+            entry["idle"] = _read_at(curves, total, idle_rate or None, budget)
         found[row] = entry
     return found
 
@@ -339,7 +362,7 @@ def archive(out, dest):
     return n
 
 
-def write(out, results, condition, lr_by_row=None, note="", selection=None, progress=None):
+def write(out, results, condition, lr_by_row=None, note="", selection=None, progress=None, idle=None):
     """``ranking.md``, ``ranking.json``, ``ranking.png`` and ``ranking_curves.png`` in ``out``; returns the
     Markdown text.
 
@@ -349,10 +372,12 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         note: a sentence on the protocol and the command, after the table's legend.
         selection: the learning-rate selection's Markdown table (:func:`.lr_protocol.selection_table`), or None.
         progress: a Markdown section on what has finished and what it costs (:func:`cost_table`), or None.
+        idle: the rows' training time relative to stock Pre-LN on an idle machine (:func:`equal_compute`), or
+            None.
     """
     rows = rank(results, condition, lr_by_row)
     budget = max((r.get("reached") or 0 for r in results), default=0)
-    found = equal_compute(out, results, budget) if rows else {}
+    found = equal_compute(out, results, budget, idle) if rows else {}
     for e in rows:
         q = found.get(e["row"], {})
         e["cpu_per_update"], e["equal_compute"], e["plateau"] = q.get("cpu_per_update"), q, q.get("plateau")
@@ -364,6 +389,9 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
               "Validation curves against training CPU-seconds (equal compute: where each crosses the dotted line):",
               "", "![curves](ranking_curves.png)", ""] if rows \
         else ["No row has a finished final cell yet: the ranking appears when the first do.", ""]
+    idle_legend = ("; the same at idle costs: read where each row's cost per update is Pre-LN's measured cost "
+                   "times the row's training time relative to Pre-LN's on an idle machine (the speed benchmark at "
+                   "the cells' shape), free of the load the cells ran under") if idle else ""
     text = "\n".join([
         f"# {title}", "",
         "Mean ± sample sd over seeds; rows diverged in most seeds last, the others by valid nll (bits per "
@@ -373,9 +401,10 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         "row's cells (one thread, two runs side by side). Equal compute: the valid nll after the training "
         "CPU-seconds Pre-LN needed for the final budget, read on each seed's validation curve at that many of "
         "the row's updates (linear between validations, never extrapolated; a row cheaper than Pre-LN shows its "
-        f"final-budget value, an upper bound). Plateau: the first validation at or after {CURVE_PLATEAU_FROM} "
-        "updates less than 0.03 bits below the one 1,000 updates earlier, on the seed-mean curve; 'no plateau' "
-        "makes the ranking one of training speed to the final budget, not of converged models. " + note, "",
+        f"final-budget value, an upper bound){idle_legend}. Plateau: the first validation at or after "
+        f"{CURVE_PLATEAU_FROM} updates less than 0.03 bits below the one 1,000 updates earlier, on the seed-mean "
+        "curve; 'no plateau' makes the ranking one of training speed to the final budget, not of converged "
+        "models. " + note, "",
         *(["## Progress", "", progress, ""] if progress else []),
         *ranked,
         *(["## How each row's learning rate was chosen", "", selection, ""] if selection else [])])

@@ -2,11 +2,12 @@
 the median over repetitions of the paired ratio (model / baseline measured in the same repetition), the
 goals those ratios must meet, and the A/A noise of the run."""
 import dataclasses
+import json
 import statistics
 
 from fairseq_residual.schemes import SCHEMES
 
-from .speed_harness import MODELS, VARIANTS, summarize
+from .speed_harness import MODELS, STOCK_PRE, VARIANTS, summarize
 
 #: Goals per plugin model, each scheme's own (``speed_goal`` of its class, :class:`SpeedGoal`): the smallest
 #: ratio to the matching stock model (memory: the largest), for training throughput, peak training memory and
@@ -54,6 +55,37 @@ def models_summary(benches):
     return models
 
 
+def paired_median(mine, theirs):
+    """The median over repetitions of ``mine / theirs`` measured in the same repetition; None where either
+    series is missing or incomplete."""
+    if not mine or not theirs or len(mine) != len(theirs) or None in mine + theirs:
+        return None
+    return statistics.median([x / y for x, y in zip(mine, theirs)])
+
+
+def training_time_ratios(path, baseline=STOCK_PRE):
+    """``{model: its training time per target token / baseline's}`` from a speed benchmark's JSON (``--out``)
+    of one shape: the inverse of the paired median throughput ratio, every model against the same
+    ``baseline`` (default stock fairseq Pre-LN), whatever stock model its goals compare it with.
+
+    Raises:
+        ValueError: the file holds no shape or several (measure the one shape the ratios are for), or no
+            training series of ``baseline``.
+    """
+    with open(path, encoding="utf-8") as f:
+        shapes = json.load(f).get("shapes") or {}
+    if len(shapes) != 1:
+        raise ValueError(f"{path}: {len(shapes)} shapes ({', '.join(shapes) or 'none'}); the training time ratios are "
+                         f"read from a speed benchmark run of one shape (--shapes NAME)")
+    models = next(iter(shapes.values()))["models"]
+    key = METRIC_KEYS["train"]
+    theirs = (models.get(baseline) or {}).get("samples", {}).get(key)
+    if not theirs:
+        raise ValueError(f"{path}: no training series of {baseline}; add it to --models")
+    ratios = {name: paired_median(m.get("samples", {}).get(key), theirs) for name, m in models.items()}
+    return {name: 1.0 / r for name, r in ratios.items() if r}
+
+
 def ratios_and_goals(series):
     """Paired ratios of every plugin model to its baseline, and the goals they meet.
 
@@ -73,12 +105,9 @@ def ratios_and_goals(series):
         r = {}
         for metric, key in METRIC_KEYS.items():
             mine, theirs = mine_all[key], series[base][key]
-            if not mine or not theirs or len(mine) != len(theirs) or None in mine + theirs:
-                r[metric] = None
-                continue
-            paired = [x / y for x, y in zip(mine, theirs)]
-            r[metric] = dict(
-                paired_median=statistics.median(paired),
+            paired = paired_median(mine, theirs)
+            r[metric] = None if paired is None else dict(
+                paired_median=paired,
                 of_medians=statistics.median(mine) / statistics.median(theirs),
             )
         ratios[name] = dict(baseline=base, **r)
