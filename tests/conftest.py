@@ -148,6 +148,27 @@ def random_batch(dictionary, bsz=4, src_len=7, tgt_len=6, seed=0, pad_rows=True)
     return src, torch.tensor(lengths), prev, tgt
 
 
+def log_probs(model, src, lengths, prev):
+    """The model's teacher-forced log-probabilities of ``prev`` (B x T x V)."""
+    return model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
+
+
+def load_shared_weights(source, target):
+    """Load into ``target`` every parameter and buffer it shares by name with ``source`` (not the scheme's id)."""
+    theirs = target.state_dict()
+    target.load_state_dict({k: v for k, v in source.state_dict().items() if k in theirs
+                            and "residual_scheme_id" not in k}, strict=False)
+
+
+def max_log_prob_difference(a, b, dictionary, bsz=4):
+    """The largest |log-probability difference| of models ``a`` and ``b`` over the target (non-pad) positions of
+    :func:`random_batch` ``(dictionary, bsz)``, without gradients."""
+    src, lengths, prev, _ = random_batch(dictionary, bsz=bsz)
+    with torch.no_grad():
+        diff = log_probs(a, src, lengths, prev) - log_probs(b, src, lengths, prev)
+    return diff[prev.ne(dictionary.pad())].abs().max().item()
+
+
 def write_tiny_parallel(directory, n_train=240, n_valid=24, n_test=24, seed=0):
     """A tiny synthetic translation corpus (source words -> reversed, upper-cased target words)."""
     rng = random.Random(seed)

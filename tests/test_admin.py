@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import USER_DIR, build_model, make_dictionary, random_batch, run_cli
+from conftest import USER_DIR, build_model, log_probs, make_dictionary, random_batch, run_cli
 from inprocess import fairseq_main
 from references import ref_attention, ref_ffn, ref_ln
 from fairseq_residual.schemes import admin as admin_scheme
@@ -74,10 +74,6 @@ def ref_admin(model, src, prev, omega=None, profile=False):
         y = ref_ln(layer.final_layer_norm, residual("decoder", layer, i, DEC_NAMES[2], y, h), EPS)
     logits = F.linear(y.transpose(0, 1), dec.output_projection.weight)
     return torch.log_softmax(logits, dim=-1), enc_out, ratios
-
-
-def log_probs(model, src, lengths, prev):
-    return model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
 
 
 def test_profile_equals_reference_recursion(caplog):

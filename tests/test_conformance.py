@@ -20,7 +20,7 @@ import math
 import pytest
 import torch
 
-from conftest import build_model, make_dictionary, random_batch
+from conftest import build_model, log_probs, make_dictionary, random_batch
 from fairseq_residual.encoder_decoder import SchemeMismatchError
 from fairseq_residual.model import ARCH_NAMES, PRESETS
 from fairseq_residual.schemes import SCHEME_NAMES, SCHEMES, get_scheme
@@ -88,10 +88,6 @@ def test_matches_its_reference_transcription(scheme):
 # incremental decoding
 
 
-def _log_probs(model, src, lengths, prev):
-    return model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
-
-
 @pytest.mark.parametrize("scheme", SCHEME_NAMES)
 def test_incremental_equals_full_and_survives_reorder(scheme):
     d = make_dictionary()
@@ -103,7 +99,7 @@ def test_incremental_equals_full_and_survives_reorder(scheme):
     src, lengths = src[rows], lengths[rows]
     _, _, prev, _ = random_batch(d, bsz=6, tgt_len=6, seed=3, pad_rows=False)
     with torch.no_grad():
-        full = _log_probs(model, src, lengths, prev)  # B x T x V
+        full = log_probs(model, src, lengths, prev)  # B x T x V
         enc_out = model.encoder(src, src_lengths=lengths)
         state, k = {}, 3
         for t in range(k):
@@ -115,7 +111,7 @@ def test_incremental_equals_full_and_survives_reorder(scheme):
         enc_out = model.encoder.reorder_encoder_out(enc_out, new_order)
         model.decoder.reorder_incremental_state_scripting(state, new_order)
         prev_r = prev[new_order]
-        full_r = _log_probs(model, src[new_order], lengths[new_order], prev_r)
+        full_r = log_probs(model, src[new_order], lengths[new_order], prev_r)
         for t in range(k, prev.size(1)):
             out = model.decoder(prev_r[:, : t + 1], encoder_out=enc_out, incremental_state=state)
             lp = model.get_normalized_probs(out, log_probs=True)[:, -1, :]
@@ -140,7 +136,7 @@ def test_beam_search_scores_equal_teacher_forced_scores(scheme):
             tokens = hypo["tokens"]
             prev = torch.cat([torch.tensor([d.eos()]), tokens[:-1]]).unsqueeze(0)
             with torch.no_grad():
-                lp = _log_probs(model, src[i: i + 1], lengths[i: i + 1], prev)[0]
+                lp = log_probs(model, src[i: i + 1], lengths[i: i + 1], prev)[0]
             torch.testing.assert_close(lp.gather(1, tokens.unsqueeze(1)).squeeze(1), hypo["positional_scores"],
                                        atol=1e-4, rtol=0)
 
@@ -166,7 +162,7 @@ def test_state_dict_round_trip_and_another_schemes_refused(scheme):
         assert torch.equal(a, b), name
     src, lengths, prev, _ = random_batch(d)
     with torch.no_grad():
-        torch.testing.assert_close(_log_probs(twin, src, lengths, prev), _log_probs(ours, src, lengths, prev),
+        torch.testing.assert_close(log_probs(twin, src, lengths, prev), log_probs(ours, src, lengths, prev),
                                    rtol=0, atol=0)
 
 
@@ -480,7 +476,7 @@ def test_layers_to_keep_prunes_to_the_trained_sub_network(scheme):
     full.eval()
     src, lengths, prev, _ = random_batch(d)
     with torch.no_grad():
-        torch.testing.assert_close(_log_probs(pruned, src, lengths, prev), _log_probs(full, src, lengths, prev),
+        torch.testing.assert_close(log_probs(pruned, src, lengths, prev), log_probs(full, src, lengths, prev),
                                    atol=1e-5, rtol=0)
 
 

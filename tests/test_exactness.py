@@ -6,16 +6,11 @@ transcription of its reference: tests/test_conformance.py.
 import pytest
 import torch
 
-from conftest import build_model, make_dictionary, random_batch
+from conftest import build_model, log_probs, make_dictionary, random_batch
 from references import ResiDual, reference_forward
 
 
 TOL = 1e-5
-
-
-def log_probs(model, src, lengths, prev):
-    net_output = model(src, lengths, prev)
-    return model.get_normalized_probs(net_output, log_probs=True)
 
 
 @pytest.mark.parametrize(

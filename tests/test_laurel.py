@@ -5,7 +5,7 @@ refusal of a rank above the width."""
 import pytest
 import torch
 
-from conftest import build_model, make_dictionary, random_batch
+from conftest import build_model, log_probs, make_dictionary, random_batch
 from references import Laurel, Transcription, reference_forward
 from test_conformance import randomise_scheme_parameters
 
@@ -16,10 +16,6 @@ def _model(*flags, d, seed=0, scheme="laurel"):
     torch.manual_seed(seed)
     model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", scheme, *DEPTH, *flags, dictionary=d)
     return model.eval()
-
-
-def _log_probs(model, src, lengths, prev):
-    return model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
 
 
 CONTROLS = {"rw": Transcription(), "lr": Laurel("lr", low_rank_on_branch_input=True)}
@@ -35,7 +31,7 @@ def test_matches_its_transcription(variant):
         enc_ref, lp_ref = reference_forward(model, src, prev, Laurel(variant))
         _, lp_ctl = reference_forward(model, src, prev, CONTROLS[variant])  # Pre-LN; B A on LN(x)
         enc = model.encoder(src, src_lengths=lengths)["encoder_out"][0]
-        lp = _log_probs(model, src, lengths, prev)
+        lp = log_probs(model, src, lengths, prev)
     keep_src, keep_tgt = src.ne(d.pad()).t(), prev.ne(d.pad())
     assert (enc - enc_ref)[keep_src].abs().max().item() <= 1e-5
     assert (lp - lp_ref)[keep_tgt].abs().max().item() <= 1e-5
@@ -49,7 +45,7 @@ def test_incremental_decoding_equals_the_full_forward(variant):
     randomise_scheme_parameters(model)
     src, lengths, prev, _ = random_batch(d, bsz=3, pad_rows=False)
     with torch.no_grad():
-        full = _log_probs(model, src, lengths, prev)
+        full = log_probs(model, src, lengths, prev)
         enc_out, state = model.encoder(src, src_lengths=lengths), {}
         for t in range(prev.size(1)):
             out = model.decoder(prev[:, : t + 1], encoder_out=enc_out, incremental_state=state)
@@ -81,7 +77,7 @@ def test_lr_and_pa_start_as_pre_ln_from_pre_lns_draws(variant):
     assert A[1, 5].item() == 1 / 16 and A[1, 6].item() == 0
     src, lengths, prev, _ = random_batch(d)
     with torch.no_grad():
-        torch.testing.assert_close(_log_probs(model, src, lengths, prev), _log_probs(pre_ln, src, lengths, prev),
+        torch.testing.assert_close(log_probs(model, src, lengths, prev), log_probs(pre_ln, src, lengths, prev),
                                    rtol=0, atol=1e-5)
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import build_model, make_dictionary, random_batch
+from conftest import build_model, load_shared_weights, make_dictionary, max_log_prob_difference, random_batch
 from references import MHCLite, reference_forward
 from test_conformance import randomise_scheme_parameters
 
@@ -97,13 +97,8 @@ def test_starts_as_pre_ln():
     ours = tiny(*DEPTH, d=d)
     torch.manual_seed(1)
     pre, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", "pre_ln", *DEPTH, dictionary=d)
-    pre.load_state_dict({k: v for k, v in ours.state_dict().items() if k in pre.state_dict()
-                         and "residual_scheme_id" not in k}, strict=False)
-    src, lengths, prev, _ = random_batch(d, bsz=4)
-    with torch.no_grad():
-        a = ours.get_normalized_probs(ours(src, lengths, prev), log_probs=True)
-        b = pre.get_normalized_probs(pre(src, lengths, prev), log_probs=True)
-    assert (a - b)[prev.ne(d.pad())].abs().max().item() <= 2e-2
+    load_shared_weights(ours, pre)
+    assert max_log_prob_difference(ours, pre, d) <= 2e-2
 
 
 def test_more_than_five_streams_is_refused_naming_the_cost():

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import build_model, make_dictionary, random_batch
+from conftest import build_model, load_shared_weights, make_dictionary, max_log_prob_difference, random_batch
 from references import HyperConnections, reference_forward
 from test_conformance import randomise_scheme_parameters
 
@@ -58,13 +58,8 @@ def test_multi_stream_schemes_start_as_pre_ln(scheme, flags, tol):
     d = make_dictionary()
     ours = tiny("--residual-scheme", scheme, *flags, *DEPTH, d=d)
     pre = tiny("--residual-scheme", "pre_ln", *DEPTH, d=d)
-    pre.load_state_dict({k: v for k, v in ours.state_dict().items() if k in pre.state_dict()
-                         and "residual_scheme_id" not in k}, strict=False)
-    src, lengths, prev, _ = random_batch(d, bsz=4)
-    with torch.no_grad():
-        a = ours.get_normalized_probs(ours(src, lengths, prev), log_probs=True)
-        b = pre.get_normalized_probs(pre(src, lengths, prev), log_probs=True)
-    assert (a - b)[prev.ne(d.pad())].abs().max().item() <= tol
+    load_shared_weights(ours, pre)
+    assert max_log_prob_difference(ours, pre, d) <= tol
 
 
 def test_mhc_mixing_is_doubly_stochastic_and_starts_near_the_identity():
