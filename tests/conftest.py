@@ -169,6 +169,17 @@ def max_log_prob_difference(a, b, dictionary, bsz=4):
     return diff[prev.ne(dictionary.pad())].abs().max().item()
 
 
+def train_step(model, optimizer, dictionary, seed):
+    """One optimizer step of ``model`` in training mode on :func:`random_batch` ``(dictionary, seed=seed)``: the
+    summed negative log-likelihood of its targets, backward, ``optimizer.step()``."""
+    src, lengths, prev, target = random_batch(dictionary, seed=seed)
+    model.train()
+    optimizer.zero_grad()
+    lprobs = log_probs(model, src, lengths, prev)
+    (-lprobs.gather(-1, target.unsqueeze(-1)).sum()).backward()
+    optimizer.step()
+
+
 def write_tiny_parallel(directory, n_train=240, n_valid=24, n_test=24, seed=0):
     """A tiny synthetic translation corpus (source words -> reversed, upper-cased target words)."""
     rng = random.Random(seed)

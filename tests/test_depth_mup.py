@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from conftest import build_model, make_dictionary, random_batch
+from conftest import build_model, make_dictionary, random_batch, train_step
 
 LR, EPS, WARMUP = 1e-3, 1e-8, 4
 
@@ -66,15 +66,6 @@ def _scheduler(optimizer):
     return build_lr_scheduler(cfg, optimizer)
 
 
-def _step(model, optimizer, d, seed):
-    src, lengths, prev, target = random_batch(d, seed=seed)
-    model.train()
-    optimizer.zero_grad()
-    lprobs = model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
-    (-lprobs.gather(-1, target.unsqueeze(-1)).sum()).backward()
-    optimizer.step()
-
-
 def _expected(model, n, m, base, alpha):
     """{id(param): (lr factor, eps factor)} by the paper's rule, from the parameter's name."""
     out = {}
@@ -110,7 +101,7 @@ def test_learning_rate_and_eps_follow_the_scheduler_and_resume(alpha):
     scheduler = _scheduler(optimizer)
     assert len(optimizer.param_groups) == 3  # embeddings and final norms; encoder layers; decoder layers
     for update in range(1, 7):
-        _step(model, optimizer, d, seed=update)
+        train_step(model, optimizer, d, seed=update)
         lr = scheduler.step_update(update)
         assert optimizer.get_lr() == pytest.approx(lr, rel=1e-12)
         _check_groups(optimizer, expected, lr)
@@ -127,7 +118,7 @@ def test_learning_rate_and_eps_follow_the_scheduler_and_resume(alpha):
     for update in range(7, 10):
         lr = sched.step_update(update)
         _check_groups(opt, expected, lr)
-        _step(resumed, opt, d, seed=update)
+        train_step(resumed, opt, d, seed=update)
 
 
 def test_layer_lr_moves_the_adam_step():
@@ -141,7 +132,7 @@ def test_layer_lr_moves_the_adam_step():
         optimizer = _adam(model)
         _scheduler(optimizer).step_update(WARMUP)  # lr = LR
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        _step(model, optimizer, d, seed=1)
+        train_step(model, optimizer, d, seed=1)
         params = dict(model.named_parameters())
         moved[layers] = {n: (params[n] - before[n]).abs().max().item()
                          for n in ("encoder.layers.0.fc1.weight", "encoder.embed_tokens.weight")}

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from conftest import build_model, make_dictionary, random_batch
+from conftest import build_model, make_dictionary, random_batch, train_step
 from fairseq_residual.schemes.admin import REFERENCE_NAMES
 
 
@@ -19,15 +19,6 @@ def fairseq_adam(model):
     cfg = argparse.Namespace(optimizer="adam", lr=[1e-2], adam_betas="(0.9, 0.98)", adam_eps=1e-8, weight_decay=0.0,
                              use_old_adam=False, fp16_adam_stats=False, tpu=False)
     return optim.build_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
-
-
-def train_step(model, optimizer, d, seed):
-    src, lengths, prev, target = random_batch(d, seed=seed)
-    model.train()
-    optimizer.zero_grad()
-    lprobs = model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
-    (-lprobs.gather(-1, target.unsqueeze(-1)).sum()).backward()
-    optimizer.step()
 
 
 def old_layout(model_state, optimizer_state, param_names):
