@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from conftest import build_model, make_dictionary, random_batch, train_step
+from conftest import build_model, make_dictionary, train_step
 from fairseq_residual.schemes.admin import REFERENCE_NAMES
 
 
