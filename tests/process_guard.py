@@ -74,6 +74,21 @@ def pytest_configure(config):
     _install()
 
 
+def pytest_sessionstart(session):
+    """Build matplotlib's font cache before any test, where it is missing: the first import of
+    ``matplotlib.font_manager`` on a machine runs ``fc-list`` (``matplotlib/font_manager.py``), a process of the
+    machine's set-up, which would otherwise fail whichever fast test draws a plot first; later imports read the
+    cache (``fontlist-v*.json`` in matplotlib's cache directory)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return
+    from pathlib import Path
+
+    if not list(Path(matplotlib.get_cachedir()).glob("fontlist-v*.json")):
+        import matplotlib.font_manager  # noqa: F401
+
+
 def pytest_collection_modifyitems(items):
     """Mark ``slow`` every test that uses a fixture declared with :func:`slow_fixture`."""
     for item in items:
