@@ -11,7 +11,8 @@ fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving
 ``translation_with_grad_norms`` task), ``lr_scheduler`` (``inverse_sqrt_nowarmup``, T-Fixup's schedule),
 ``optim_groups`` (per-parameter optimizer overrides, e.g. no weight decay, for every fairseq optimizer),
 ``optimizer_order`` (resumed optimizer state onto the parameters of the same name), ``optimizer_step`` (the
-scheme's hook after every optimizer step: nGPT's renormalisation), ``pruning`` (loading
+scheme's hook after every optimizer step: nGPT's renormalisation), ``training_checks`` (the scheme's check of the
+training settings, which fairseq-hydra-train's model config lacks), ``pruning`` (loading
 models pruned with ``--*-layers-to-keep``, also trained pruned),
 ``precision`` (warns that fairseq's ``--amp`` without CUDA trains in fp32), ``cli_help`` (``--help`` lists
 the presets), ``paper_results`` (the ResiDual paper's numbers, ``paper_results.json``).
@@ -25,5 +26,5 @@ check_single_copy(__name__, __file__)  # before any registration: one copy of th
 
 from . import (  # noqa: E402,F401
     checkpoint_compat, checkpoint_safety, cli_help, config, encoder_decoder, layers, lr_scheduler, model, optim_groups,
-    optimizer_step, precision, schemes, tasks,
+    optimizer_step, precision, schemes, tasks, training_checks,
 )

@@ -62,22 +62,6 @@ MODEL_NAME = "residual_transformer"
 logger = logging.getLogger(__name__)
 
 
-def warn_fp16_without_cuda(args):
-    """Warn when fp16 training is asked for without CUDA: fairseq's Trainer handles every gradient overflow of
-    its loss scaler (the first ones are normal: the scale starts at ``--fp16-init-scale`` and halves on each)
-    with ``torch.tensor(0.0).cuda()``, which raises 'Torch not compiled with CUDA enabled' on a CPU."""
-    if not getattr(args, "fp16", False):
-        return
-    if getattr(args, "cpu", False) or not torch.cuda.is_available():
-        logger.warning(
-            "fp16 training on a CPU: fairseq's Trainer answers each gradient overflow of its loss scaler (its "
-            "first overflows are normal: the scale starts at --fp16-init-scale and halves on each) with "
-            "torch.tensor(0.0).cuda(), which fails without CUDA ('Torch not compiled with CUDA enabled'); on a "
-            "CPU train in fp32, or in bf16 (fairseq-hydra-train common.bf16=true "
-            "common.fp16_no_flatten_grads=true; --memory-efficient-bf16 also runs)"
-        )
-
-
 def _plugin_subclasses(cls):
     """The classes of this plugin that subclass ``cls`` (at any depth), in definition order."""
     found = []
@@ -177,7 +161,6 @@ class ResidualTransformerModel(TransformerModel):
         """
         args = as_namespace(args)
         residual_defaults(args)
-        warn_fp16_without_cuda(args)
         for stack in ("encoder", "decoder"):  # fairseq-train parses these as lists, its legacy build splits strings
             keep = getattr(args, f"{stack}_layers_to_keep", None)
             if isinstance(keep, (list, tuple)):

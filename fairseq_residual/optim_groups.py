@@ -12,10 +12,8 @@ rate and the other settings copied from their group, so that schedulers, which s
 treating them alike. They move also where their settings agree with the group's: the groups then depend on the
 model, not on the options' values, and a run resumed with other options finds the groups it saved. A flat fp16 master copy (``--fp16`` without
 ``--fp16-no-flatten-grads``) holds no per-parameter attribute: building it for parameters with overrides is
-refused (:func:`flat_master_copy_refusal`), by the scheme's argument check under ``fairseq-train``
-(:meth:`fairseq_residual.schemes.base.ResidualScheme.refuse_flat_fp16`) and, for ``fairseq-hydra-train``, whose
-model config holds no ``common`` or ``optimizer`` settings, where fairseq builds the flat copy
-(``FP16Optimizer.build_optimizer``, wrapped here).
+refused (:func:`flat_master_copy_refusal`) where fairseq's Trainer is built, under either entry point
+(:meth:`fairseq_residual.schemes.base.ResidualScheme.check_training`).
 
 Two override keys are multipliers rather than settings, for rules that scale whatever the options give (Depth-µP's
 per-stack learning rate and eps, :mod:`fairseq_residual.schemes.depth_mup`):
@@ -32,7 +30,6 @@ import logging
 from typing import Iterable, Optional
 
 import fairseq.optim
-from fairseq.optim.fp16_optimizer import FP16Optimizer
 
 from .optimizer_order import remap_on_load
 
@@ -95,24 +92,6 @@ def flat_master_copy_refusal(flat: bool, keys: Iterable[str], weight_decay: floa
             f"--bf16{', or --weight-decay 0' if keys == {'weight_decay'} else ''}")
 
 
-def _refuse_flat_fp16(build):
-    """Wrap the function of the classmethod ``FP16Optimizer.build_optimizer(cfg, params)``: refuse the flat copy
-    for parameters with overrides."""
-    @functools.wraps(build)
-    def build_optimizer(cls, cfg, params, **kwargs):
-        params = list(params)
-        keys = sorted({k for p in params for k in (getattr(p, "optim_overrides", None) or {})})
-        flat = not getattr(cfg.common, "fp16_no_flatten_grads", False) and not getattr(cfg.common, "bf16", False)
-        why = flat_master_copy_refusal(flat, keys, getattr(cfg.optimizer, "weight_decay", 0))
-        if why:
-            raise ValueError(f"the model's parameters carry their own optimizer settings ({', '.join(keys)}), but "
-                             + why)
-        return build(cls, cfg, params, **kwargs)
-
-    build_optimizer._residual_overrides = True
-    return build_optimizer
-
-
 def scale_lr_on_set(optimizer) -> None:
     """Make ``optimizer.set_lr(lr)`` (a fairseq optimizer; every scheduler sets the learning rate through it) give
     each parameter group with an ``lr_scale`` the learning rate ``lr * lr_scale``, the others ``lr``.
@@ -143,5 +122,3 @@ def _wrap(build):
 
 if not getattr(fairseq.optim.build_optimizer, "_residual_overrides", False):
     fairseq.optim.build_optimizer = _wrap(fairseq.optim.build_optimizer)
-if not getattr(FP16Optimizer.build_optimizer, "_residual_overrides", False):
-    FP16Optimizer.build_optimizer = classmethod(_refuse_flat_fp16(FP16Optimizer.build_optimizer.__func__))

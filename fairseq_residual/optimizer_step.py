@@ -17,20 +17,14 @@ import functools
 
 from fairseq.tasks import FairseqTask
 
-
-def _unwrap(model):
-    while hasattr(model, "module"):
-        model = model.module
-    return model
+from .schemes.base import scheme_of, unwrap_model
 
 
 def after_step(model, optimizer) -> None:
     """The model's scheme's hook after an optimizer step (nothing for a model of another kind)."""
-    inner = _unwrap(model)
-    scheme = getattr(getattr(inner, "encoder", None), "scheme", None)
-    hook = getattr(scheme, "after_optimizer_step", None)
-    if hook is not None:
-        hook(inner, optimizer)
+    scheme = scheme_of(model)
+    if scheme is not None:
+        scheme.after_optimizer_step(unwrap_model(model), optimizer)
 
 
 def _wrap(step):

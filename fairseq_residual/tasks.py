@@ -38,6 +38,8 @@ from fairseq import metrics
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from .schemes.base import unwrap_model
+
 TASK_NAME = "translation_with_grad_norms"
 
 #: Sort the per-layer keys after fairseq's own (loss, ppl, wps, ..., gnorm has priority 400).
@@ -54,13 +56,6 @@ class TranslationWithGradNormsConfig(TranslationConfig):
             "updates, at updates N, 2N, ...; 0 = off (no cost)"
         },
     )
-
-
-def unwrap_model(model):
-    """The model inside fairseq's / torch's DDP wrappers (which keep it as ``.module``)."""
-    while not hasattr(model, "encoder") and hasattr(model, "module"):
-        model = model.module
-    return model
 
 
 def layer_grad_norms(layers):

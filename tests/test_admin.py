@@ -169,11 +169,6 @@ def test_profile_file_roundtrip_and_errors(tmp_path):
                     dictionary=d)
 
 
-def test_fp16_without_profile_is_refused():
-    with pytest.raises(ValueError, match="--fp16 keeps an fp32 copy"):
-        build_model("residual_transformer_tiny", *FLAGS, "--fp16")
-
-
 TRAIN_FLAGS = [
     "--optimizer", "adam", "--lr", "5e-3", "--criterion", "label_smoothed_cross_entropy",
     "--label-smoothing", "0.1", "--max-tokens", "600", "--required-batch-size-multiple", "1",

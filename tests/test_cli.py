@@ -244,10 +244,15 @@ def test_hydra_train_applies_preset_and_generates(tiny_data_bin, tmp_path):
             """
         )
     )
-    run_cli(
-        ["fairseq-hydra-train", "--config-dir", config_dir, "--config-name", "tiny",
-         f"hydra.run.dir={tmp_path / 'hydra'}"]
-    )
+    hydra = ["fairseq-hydra-train", "--config-dir", config_dir, "--config-name", "tiny", f"hydra.run.dir={tmp_path / 'hydra'}"]
+    # the model's config holds no precision: Admin's refusal of fairseq's fp32 master copy comes from the Trainer,
+    # before any batch or checkpoint
+    refused = run_cli(hydra + ["+model.residual_scheme=admin", "common.bf16=true", "common.fp16_no_flatten_grads=true",
+                               "common.cpu=true"], check=False)
+    assert refused.returncode != 0
+    assert "ValueError: --bf16 (common.bf16) keeps an fp32 copy of the weights" in refused.stdout, refused.stdout[-3000:]
+    assert not list(save.glob("*.pt"))
+    run_cli(hydra)
     sd = load_checkpoint(save / "checkpoint_last.pt")["model"]
     assert sd["encoder.embed_tokens.weight"].shape[1] == 256  # the preset, not base dims (512)
     assert sd["encoder.layers.0.fc1.weight"].shape == (1024, 256)

@@ -24,6 +24,7 @@ from conftest import build_model, log_probs, make_dictionary, random_batch
 from fairseq_residual.encoder_decoder import SchemeMismatchError
 from fairseq_residual.model import ARCH_NAMES, PRESETS
 from fairseq_residual.schemes import SCHEME_NAMES, SCHEMES, get_scheme
+from fairseq_residual.training_checks import check_training, namespace_config
 from references import CONFORMANCE_NOISE, REFERENCES, reference_forward
 
 
@@ -260,11 +261,14 @@ def test_options_the_scheme_cannot_honour_are_refused(scheme):
     # fairseq's flat --fp16 master copy, one parameter group, is refused for them
     keys = {k for p in tiny(scheme).parameters() for k in (getattr(p, "optim_overrides", None) or {})}
     assert keys == set(s.optim_overrides_keys) and bool(keys) == bool(s.optim_overrides)
-    if keys:
+    if keys:  # the check fairseq's Trainer runs (fairseq_residual/training_checks.py), on fairseq-train's arguments
+        fp16 = ("--fp16", "--optimizer", "adam", "--weight-decay", 0.1)
+        flat, per_parameter = (build_model("residual_transformer_tiny", *flags_of(scheme), *fp16, *extra)
+                               for extra in ((), ("--fp16-no-flatten-grads",)))
         with pytest.raises(ValueError, match=rf"--residual-scheme {scheme} trains {s.optim_overrides}, but --fp16 "
                                              rf"keeps one flat fp32 copy .* add --fp16-no-flatten-grads"):
-            tiny(scheme, "--fp16", "--optimizer", "adam", "--weight-decay", 0.1)
-        tiny(scheme, "--fp16", "--fp16-no-flatten-grads", "--optimizer", "adam", "--weight-decay", 0.1)
+            check_training(namespace_config(flat[1]), flat[0])
+        check_training(namespace_config(per_parameter[1]), per_parameter[0])
 
 
 # ---------------------------------------------------------------------------------------------

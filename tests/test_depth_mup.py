@@ -144,12 +144,14 @@ def test_layer_lr_moves_the_adam_step():
 def test_flat_fp16_is_refused_with_the_fix():
     from fairseq_residual.schemes import get_scheme
 
+    from fairseq_residual.training_checks import namespace_config
+
     scheme = get_scheme("depth_mup")
     args = argparse.Namespace(fp16=True, memory_efficient_fp16=False, fp16_no_flatten_grads=False, bf16=False)
     with pytest.raises(ValueError, match="--fp16-no-flatten-grads"):
-        scheme.check_args(args)
-    scheme.check_args(argparse.Namespace(fp16=True, memory_efficient_fp16=False, fp16_no_flatten_grads=True,
-                                         bf16=False))
+        scheme.check_training(namespace_config(args), None)
+    scheme.check_training(namespace_config(argparse.Namespace(fp16=True, memory_efficient_fp16=False,
+                                                              fp16_no_flatten_grads=True, bf16=False)), None)
 
 
 def test_an_optimizer_without_eps_gets_the_learning_rate_only():

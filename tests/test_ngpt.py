@@ -2,8 +2,6 @@
 embeddings; the weights on the sphere at build and after every optimizer step of fairseq's Trainer (fp32, and the
 fp32 master copies of the bf16 / fp16 optimizer, listed or flat); the refusals; and, with fairseq-train, a run
 killed after 2 updates and resumed from its checkpoint is on the sphere and bit-identical to an uninterrupted one."""
-import argparse
-import os
 import signal
 import sys
 import textwrap
@@ -13,7 +11,6 @@ import pytest
 import torch
 
 from conftest import REPO, USER_DIR, build_model, cli_env, make_dictionary, random_batch
-from fairseq_residual.schemes import get_scheme
 from fairseq_residual.schemes.ngpt import on_sphere, renormalise, sphere_matrices
 from references import NGPT, reference_forward
 from trainers import samples, trainer
@@ -85,24 +82,6 @@ def test_renormalise_puts_an_updated_model_back_on_the_sphere():
     assert _plain_step_then(ours, hook=True) < 1e-6
 
 
-def test_weight_decay_is_named_once_at_the_first_step(caplog):
-    """The recipe has no weight decay; the optimizer, not the model's config, says whether it decays (Hydra builds
-    the model without the optimizer's settings)."""
-    import logging
-
-    from fairseq_residual.schemes import ngpt
-
-    scheme = get_scheme("ngpt")
-    for decay, warned in ((0.1, 1), (0.0, 0)):
-        model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", "ngpt")
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=decay)
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger=ngpt.__name__):
-            for _ in range(2):
-                scheme.after_optimizer_step(model, opt)
-        assert sum("nGPT trains without weight decay" in r.getMessage() for r in caplog.records) == warned
-
-
 @pytest.mark.parametrize("precision", [(), ("--bf16", "--fp16-no-flatten-grads")], ids=["fp32", "bf16"])
 def test_fairseqs_trainer_renormalises_after_every_step(precision):
     """fairseq's own Trainer (task.optimizer_step): after each update the model's matrices, and in bf16 the fp32
@@ -155,11 +134,6 @@ def test_flat_master_copy_is_renormalised_where_fairseq_reads_it():
 def test_refusals_name_the_flag(flags, message):
     with pytest.raises(ValueError, match=message):
         build_model("residual_transformer_tiny", "--residual-scheme", "ngpt", *flags)
-
-
-def test_fully_sharded_data_parallel_is_refused():
-    with pytest.raises(ValueError, match=r"--ddp-backend fully_sharded flattens the weights"):
-        get_scheme("ngpt").check_args(argparse.Namespace(ddp_backend="fully_sharded"))
 
 
 # ---------------------------------------------------------------------------------------------

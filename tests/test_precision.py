@@ -29,10 +29,10 @@
   with the state of a run without a master copy (``--memory-efficient-*``); Admin with its refusal removed
   shows the difference the refusal prevents.
 * fp16 on a CPU: fairseq's Trainer answers the loss scaler's overflows (its normal first ones included) with
-  ``torch.tensor(0.0).cuda()``; the model warns at build, naming the alternatives.
+  ``torch.tensor(0.0).cuda()``; the Trainer's construction warns, naming the alternatives
+  (``tests/test_training_checks.py``).
 """
 import copy
-import logging
 import math
 
 import pytest
@@ -361,23 +361,13 @@ def test_the_master_copy_check_catches_state_set_on_the_first_batch(monkeypatch)
     from fairseq_residual.schemes.admin import Admin
     from fairseq_residual.schemes.base import ResidualScheme
 
-    monkeypatch.setattr(Admin, "check_args", ResidualScheme.check_args)
+    monkeypatch.setattr(Admin, "check_training", ResidualScheme.check_training)
     master, plain = MASTER_COPY["bf16"]
     assert _largest_difference(_after_one_update("admin", master), _after_one_update("admin", plain)) > 0.1
 
 
 # ---------------------------------------------------------------------------------------------
-# fp16 on a CPU
-
-
-def test_fp16_on_a_cpu_warns_about_fairseqs_overflow_handler(caplog):
-    with caplog.at_level(logging.WARNING):
-        build_model("residual_transformer_tiny", "--memory-efficient-fp16", "--cpu")
-    assert "torch.tensor(0.0).cuda()" in caplog.text and "--memory-efficient-bf16" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
-        build_model("residual_transformer_tiny", "--memory-efficient-bf16", "--cpu")
-    assert "cuda()" not in caplog.text
+# Admin's refusal of the master copy
 
 
 def test_admins_bf16_refusal_says_what_memory_efficient_bf16_does_to_the_omegas():
@@ -385,7 +375,7 @@ def test_admins_bf16_refusal_says_what_memory_efficient_bf16_does_to_the_omegas(
     one without a master copy keeps the profile but freezes the omegas: bf16 weights take no update below half
     their spacing, 2^-9 of their size (0.003 at omega 1.5), and Adam moves a weight by about lr = 1e-3."""
     with pytest.raises(ValueError) as refusal:
-        build_model("residual_transformer_tiny", "--residual-scheme", "admin", "--bf16")
+        trainer("admin", "--bf16", "--fp16-no-flatten-grads")
     assert "--admin-profile" in str(refusal.value) and "--memory-efficient-bf16" in str(refusal.value)
     assert "2^-9" in str(refusal.value)
 

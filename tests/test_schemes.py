@@ -134,21 +134,6 @@ def test_t_fixup_shared_embeddings_are_scaled_once_by_the_encoder_factor():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_t_fixup_warns_about_warmup(caplog):
-    import logging
-
-    d = make_dictionary()
-    with caplog.at_level(logging.WARNING, logger="fairseq_residual.schemes.t_fixup"):
-        build_model("residual_transformer_tiny", "--residual-scheme", "t_fixup", "--lr-scheduler",
-                    "inverse_sqrt", "--warmup-updates", 100, dictionary=d)
-    assert "without learning-rate warm-up, but --warmup-updates is 100" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="fairseq_residual.schemes.t_fixup"):
-        build_model("residual_transformer_tiny", "--residual-scheme", "t_fixup", "--lr-scheduler",
-                    "inverse_sqrt_nowarmup", dictionary=d)
-    assert "warm-up" not in caplog.text
-
-
 def test_inverse_sqrt_nowarmup_follows_the_reference_formula():
     from fairseq_residual.lr_scheduler import InverseSqrtNoWarmupConfig, InverseSqrtNoWarmupSchedule
 

@@ -324,39 +324,6 @@ def test_static_connection_weights_get_no_weight_decay():
     assert len(_adam(list(tiny("--residual-scheme", "pre_ln").parameters()), 0.1).optimizer.param_groups) == 1
 
 
-def test_flat_fp16_master_weights_with_weight_decay_are_refused():
-    with pytest.raises(ValueError, match=r"--fp16 keeps one flat fp32 copy of all weights, which has no room for "
-                                         r"that: add --fp16-no-flatten-grads"):
-        tiny("--residual-scheme", "hyper_connections", "--optimizer", "adam", "--fp16", "--weight-decay", 0.1)
-    tiny("--residual-scheme", "hyper_connections", "--optimizer", "adam", "--fp16", "--fp16-no-flatten-grads",
-         "--weight-decay", 0.1)
-    tiny("--residual-scheme", "hyper_connections", "--optimizer", "adam", "--fp16", "--weight-decay", 0)
-
-
-def test_flat_fp16_master_weights_are_refused_where_fairseq_builds_them():
-    """fairseq-hydra-train builds the model from a config without fp16 settings: the same refusal comes from
-    fairseq's FP16Optimizer.build_optimizer, as the plugin wraps it, before the flat copy is made."""
-    from types import SimpleNamespace
-
-    from fairseq.optim.fp16_optimizer import FP16Optimizer
-
-    def cfg(weight_decay, no_flatten=False):
-        return SimpleNamespace(common=SimpleNamespace(fp16_no_flatten_grads=no_flatten, bf16=False),
-                               optimizer=SimpleNamespace(weight_decay=weight_decay))
-
-    params = list(tiny("--residual-scheme", "hyper_connections").parameters())
-    with pytest.raises(ValueError, match=r"carry their own optimizer settings \(weight_decay\), but --fp16 keeps one "
-                                         r"flat fp32 copy .*common.fp16_no_flatten_grads=true"):
-        FP16Optimizer.build_optimizer(cfg(0.1), params)
-    # negative controls: weight decay 0, per-parameter copies, another scheme: on to fairseq's own build (which
-    # needs CUDA for the flat copy, or a whole optimizer config: it fails here, but not with the refusal)
-    for c, ps in ((cfg(0.0), params), (cfg(0.1, no_flatten=True), params),
-                  (cfg(0.1), list(tiny("--residual-scheme", "pre_ln").parameters()))):
-        with pytest.raises(Exception) as failure:
-            FP16Optimizer.build_optimizer(c, ps)
-        assert "own optimizer settings" not in str(failure.value)
-
-
 def test_the_analysis_tool_reports_stream_similarity_and_mixing_distance():
     """At initialisation hyper-connections' streams are identical (cosine 1) and their mixing the identity
     (distance 0). With random static connections the tool's distance equals ||prod_k A_r(k)^T - I|| / sqrt(n)

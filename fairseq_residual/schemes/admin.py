@@ -55,7 +55,7 @@ from torch import Tensor, nn
 from ..pruning import held_layers
 from ..residual import NORM_OUTPUT, StackResidual, SublayerResidual, with_main
 from .admin_profile import main, read_profile  # noqa: F401  (main: python -m fairseq_residual.schemes.admin)
-from .base import STACKS, Option, ResidualScheme
+from .base import STACKS, Option, ResidualScheme, setting
 
 logger = logging.getLogger(__name__)
 
@@ -281,19 +281,26 @@ class Admin(ResidualScheme):
     def options(self, args):
         return AdminOptions(profile=getattr(args, "admin_profile", None) or None)
 
-    def check_args(self, args):
-        super().check_args(args)
-        if getattr(args, "admin_profile", None):
+    def check_training(self, cfg, model):
+        """Refuse fairseq's fp32 master copy of the weights without ``--admin-profile``: made before the first batch
+        and copied back after every step, it would overwrite the omegas profiled on that batch.
+
+        Raises:
+            ValueError: ``--fp16`` / ``--bf16`` (``common.fp16`` / ``common.bf16``) without ``--memory-efficient-*``
+                and without ``--admin-profile``, naming the alternatives.
+        """
+        super().check_training(cfg, model)
+        if getattr(model, "admin_profile_path", None):
             return
         for flag in ("fp16", "bf16"):
-            if getattr(args, flag, False) and not getattr(args, f"memory_efficient_{flag}", False):
+            if setting(cfg, "common", flag, False) and not setting(cfg, "common", f"memory_efficient_{flag}", False):
                 others = ("use --amp or --memory-efficient-fp16" if flag == "fp16" else
                           "use --memory-efficient-bf16, which keeps the profile but, with no fp32 copy, applies no "
                           "update smaller than 2^-9 of a bf16 weight: omegas of 1-2 stay at their profile unless "
                           "the learning rate is above about 4e-3")
                 raise ValueError(
-                    f"--{flag} keeps an fp32 copy of the weights made before the first batch, which would "
-                    f"overwrite the omegas Admin profiles on that batch: profile once in fp32 (train 1 "
+                    f"--{flag} (common.{flag}) keeps an fp32 copy of the weights made before the first batch, which "
+                    f"would overwrite the omegas Admin profiles on that batch: profile once in fp32 (train 1 "
                     f"update, then python -m fairseq_residual.schemes.admin CHECKPOINT profile.ratio.init) "
                     f"and pass --admin-profile profile.ratio.init, or {others}"
                 )

@@ -14,7 +14,9 @@ the one loop per stack (:mod:`fairseq_residual.encoder_decoder`) run. A protocol
   needs on the first training batch (:meth:`training_hook`, Admin's profiling), how parameter names of
   older checkpoints map to today's (:meth:`upgrade_state_dict`);
 * its own options (:attr:`OPTIONS`: flag, type, default, range; validated the same way for every
-  scheme) and the fairseq options it cannot honour (:meth:`check_args`).
+  scheme) and the fairseq options it cannot honour: the model's (:meth:`check_args`, given the model's config)
+  and the training's (:meth:`check_training`, given fairseq's whole config where its Trainer is built: precision,
+  distributed backend, optimizer, schedule, which ``fairseq-hydra-train``'s model config does not hold).
 
 A new single-stream scheme is one module with a :class:`~fairseq_residual.residual.SublayerResidual`
 subclass and a scheme class, plus its module name in ``schemes/registry_order.py``.
@@ -23,6 +25,8 @@ import argparse
 import math
 from dataclasses import dataclass
 from typing import Any, FrozenSet, Mapping, Optional, Tuple
+
+import torch
 
 from ..optim_groups import flat_master_copy_refusal
 from ..residual import SublayerResidual, StackResidual
@@ -169,6 +173,25 @@ class SpeedGoal:
     generate: float = 0.97
 
 
+def setting(cfg, group: str, key: str, default=None):
+    """``cfg.<group>.<key>`` of fairseq's config (``FairseqConfig`` / ``DictConfig``), or ``default`` where the group
+    or key is absent or None."""
+    value = getattr(getattr(cfg, group, None), key, None)
+    return default if value is None else value
+
+
+def unwrap_model(model):
+    """The model inside fairseq's and torch's wrappers (DDP, FSDP and its flattening wrapper keep it as ``.module``)."""
+    while not hasattr(model, "encoder") and isinstance(getattr(model, "module", None), torch.nn.Module):
+        model = model.module
+    return model
+
+
+def scheme_of(model) -> Optional["ResidualScheme"]:
+    """The residual scheme of a ``residual_transformer`` (wrapped or not), or None for a model of another kind."""
+    return getattr(getattr(unwrap_model(model), "encoder", None), "scheme", None)
+
+
 class ResidualScheme:
     """One residual/normalisation scheme of ``residual_transformer``.
 
@@ -193,7 +216,7 @@ class ResidualScheme:
         optim_overrides: what the scheme's parameters set for themselves through fairseq's per-parameter
             ``optim_overrides`` (:mod:`fairseq_residual.optim_groups`), as "trains ..." completes it, or "" for
             none. fairseq's flat ``--fp16`` master copy has no room for per-parameter settings: such a scheme
-            refuses it (:meth:`check_args`) and ``scripts/train.sh`` adds ``common.fp16_no_flatten_grads=true``.
+            refuses it (:meth:`check_training`) and ``scripts/train.sh`` adds ``common.fp16_no_flatten_grads=true``.
         optim_overrides_keys: the settings those overrides touch; ``{"weight_decay"}`` alone is harmless
             with ``--weight-decay 0``.
         fairseq_path: True for the schemes that are fairseq's own layers and loops (Post-LN, Pre-LN).
@@ -316,7 +339,6 @@ class ResidualScheme:
                 f"--layernorm-embedding adds a LayerNorm but --residual-scheme {self.name} has none anywhere: "
                 f"drop --layernorm-embedding"
             )
-        self.refuse_flat_fp16(args)
         if not self.layerdrop:
             for stack in STACKS:
                 if (getattr(args, f"{stack}_layerdrop", 0) or 0) > 0:
@@ -329,24 +351,6 @@ class ResidualScheme:
                         f"--{stack}-layers-to-keep is not supported with --residual-scheme {self.name}: "
                         f"{self.no_layerdrop_reason}; drop --{stack}-layers-to-keep"
                     )
-
-    def refuse_flat_fp16(self, args) -> None:
-        """fairseq's ``--fp16`` optimizer (``fairseq/optim/fp16_optimizer.py``) keeps one flat fp32 copy of all
-        the weights unless ``--fp16-no-flatten-grads``: one parameter group, no room for :attr:`optim_overrides`.
-        This is the early check of ``fairseq-train``; under ``fairseq-hydra-train`` the model's config holds no
-        ``common`` settings, and the same refusal comes from fairseq's fp16 optimizer as the plugin wraps it
-        (:mod:`fairseq_residual.optim_groups`).
-
-        Raises:
-            ValueError: flat ``--fp16`` (not memory-efficient, not bf16) for a scheme with overrides (those of
-                weight decay only: when ``--weight-decay`` > 0), naming the fixes.
-        """
-        flat = getattr(args, "fp16", False) and not getattr(args, "memory_efficient_fp16", False) \
-            and not getattr(args, "fp16_no_flatten_grads", False) and not getattr(args, "bf16", False)
-        why = flat_master_copy_refusal(flat, self.optim_overrides_keys if self.optim_overrides else (),
-                                       getattr(args, "weight_decay", 0))
-        if why:
-            raise ValueError(f"--residual-scheme {self.name} trains {self.optim_overrides}, but {why}")
 
     def norm_refusal(self, norm: str, args) -> Optional[str]:
         """Why this scheme cannot run with ``--norm norm`` given the options ``args``, or None (default: none
@@ -396,6 +400,28 @@ class ResidualScheme:
 
     def warn_before_hook(self, model) -> None:
         """Called when ``model`` runs in eval mode (or is scripted) before its training hook ran."""
+
+    def check_training(self, cfg, model) -> None:
+        """Refuse or log training settings this scheme cannot honour, before fairseq's Trainer is built
+        (:mod:`fairseq_residual.training_checks`): ``cfg`` is fairseq's whole config (``common``,
+        ``distributed_training``, ``optimizer``, ``lr_scheduler``, ...; read it with :func:`setting`), which
+        ``fairseq-hydra-train`` does not give :meth:`check_args`; ``model`` the built model (unwrapped). Default:
+        refuse fairseq's flat fp32 master copy (``--fp16`` without ``--fp16-no-flatten-grads``,
+        ``fairseq/optim/fp16_optimizer.py``) where the scheme has :attr:`optim_overrides`: the copy is one tensor in
+        one parameter group, with no room for them. A scheme that overrides this calls it first.
+
+        Raises:
+            ValueError: naming the setting and the fix (fairseq-train's flag and the Hydra key); here flat ``--fp16``
+                (not memory-efficient, not bf16) for a scheme with overrides (those of weight decay only: when
+                ``--weight-decay`` > 0).
+        """
+        common = getattr(cfg, "common", None)
+        flat = getattr(common, "fp16", False) and not any(
+            getattr(common, key, False) for key in ("memory_efficient_fp16", "fp16_no_flatten_grads", "bf16"))
+        why = flat_master_copy_refusal(flat, self.optim_overrides_keys if self.optim_overrides else (),
+                                       setting(cfg, "optimizer", "weight_decay", 0))
+        if why:
+            raise ValueError(f"--residual-scheme {self.name} trains {self.optim_overrides}, but {why}")
 
     def after_optimizer_step(self, model, optimizer) -> None:
         """Called after every optimizer step of ``fairseq-train`` (fairseq's ``task.optimizer_step``), with the model

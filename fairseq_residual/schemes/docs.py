@@ -149,14 +149,17 @@ def refusals() -> Dict[str, Dict[str, List[str]]]:
     """``{scheme: {column: [options shown, ...]}}``: the probes whose build fails.
 
     Each probe builds ``residual_transformer_tiny`` (2+2 layers) of the scheme, parsed as ``fairseq-train``
-    parses it, with the probe's attributes set; a ``ValueError`` is a refusal. No data, no process: about
-    10 ms a build.
+    parses it, with the probe's attributes set, and runs the check fairseq's Trainer runs on the same settings
+    (:func:`fairseq_residual.training_checks.check_training`); a ``ValueError`` of either is a refusal. No data,
+    no process: about 10 ms a build.
     """
     import logging
 
     from fairseq import options
     from fairseq.data import Dictionary
     from fairseq.tasks.translation import TranslationTask
+
+    from ..training_checks import check_training, namespace_config
 
     d = Dictionary()
     for i in range(8):
@@ -177,7 +180,7 @@ def refusals() -> Dict[str, Dict[str, List[str]]]:
                 for key, value in attributes.items():
                     setattr(args, key, value)
                 try:
-                    TranslationTask(args, d, d).build_model(args)
+                    check_training(namespace_config(args), TranslationTask(args, d, d).build_model(args))
                 except ValueError:
                     found[s.name].setdefault(column, []).append(shown)
     finally:

@@ -76,7 +76,7 @@ from torch import Tensor, nn
 
 from ..layers import ResidualDecoderLayer, ResidualEncoderLayer
 from ..residual import NORM_NONE, StackResidual, SublayerResidual, with_main
-from .base import Option, ResidualScheme
+from .base import Option, ResidualScheme, setting, unwrap_model
 
 logger = logging.getLogger(__name__)
 
@@ -238,17 +238,11 @@ class NGPTDecoderLayer(ResidualDecoderLayer):
         return ScaledFC1(super().build_fc1(input_dim, output_dim, q_noise, qn_block_size))
 
 
-def _unwrap(model):
-    while hasattr(model, "module") and isinstance(getattr(model, "module"), nn.Module):
-        model = model.module
-    return model
-
-
 def sphere_matrices(model):
     """``[(parameter, axis)]``: every matrix of an nGPT ``model`` with the axis its rows along the embedding run on
     (1: token embeddings, output projection, q/k/v projections, fc1; 0: attention output projections, fc2), each
     tensor once (shared embeddings are one)."""
-    model = _unwrap(model)
+    model = unwrap_model(model)
     found, seen = [], set()
 
     def add(p, axis):
@@ -314,21 +308,6 @@ def renormalise(model, optimizer=None) -> None:
             p.data.copy_(sphere(p.data, axis))
 
 
-def warn_weight_decay(model, optimizer) -> None:
-    """Log once per model when ``optimizer`` (fairseq's or torch's) decays weights: nGPT trains without weight decay
-    (the recipe of arXiv 2410.01131 and NVIDIA/ngpt ``train.py``). Checked at the first optimizer step rather than among
-    the model's options, because ``fairseq-hydra-train`` builds the model from a config without the optimizer's."""
-    if getattr(model, "_ngpt_weight_decay_checked", False):
-        return
-    model._ngpt_weight_decay_checked = True
-    decay = max((g.get("weight_decay", 0) or 0 for g in getattr(optimizer, "param_groups", ())), default=0)
-    if decay > 0:
-        logger.warning(
-            "nGPT trains without weight decay (NVIDIA/ngpt train.py), but the optimizer decays weights by %g: it "
-            "pulls the eigen learning rates and scalers (alpha, s_qk, s_u, s_z) toward 0 at every step, while the "
-            "matrices are put back on the sphere after it; use --weight-decay 0 (optimizer.weight_decay=0)", decay)
-
-
 def on_sphere(model, tol: float = 1e-5) -> float:
     """The largest ``| ||row|| - 1 |`` over :func:`sphere_matrices` (zero rows, the padding embedding before any
     update, left out): 0 up to rounding for a renormalised model."""
@@ -386,10 +365,6 @@ class NGPT(ResidualScheme):
         if getattr(args, "adaptive_softmax_cutoff", None):
             raise ValueError("--adaptive-softmax-cutoff replaces the output projection, which --residual-scheme ngpt "
                              "renormalises and scales by s_z: drop --adaptive-softmax-cutoff")
-        if getattr(args, "ddp_backend", None) == "fully_sharded":
-            raise ValueError("--ddp-backend fully_sharded flattens the weights into shards without rows, which "
-                             "--residual-scheme ngpt renormalises after every step: use --ddp-backend pytorch_ddp "
-                             "(or c10d, no_c10d, legacy_ddp)")
         width = getattr(args, "decoder_embed_dim", None)
         for key in ("decoder_input_dim", "decoder_output_dim"):
             value = getattr(args, key, None)
@@ -397,6 +372,25 @@ class NGPT(ResidualScheme):
                 flag = "--" + key.replace("_", "-")
                 raise ValueError(f"{flag} {value} differs from --decoder-embed-dim {width}: the projection in between "
                                  f"would leave the sphere of --residual-scheme ngpt; drop {flag}")
+
+    def check_training(self, cfg, model) -> None:
+        """Refuse FSDP; log weight decay (nGPT trains without: arXiv 2410.01131, NVIDIA/ngpt ``train.py``).
+
+        Raises:
+            ValueError: ``--ddp-backend fully_sharded`` (``distributed_training.ddp_backend``).
+        """
+        super().check_training(cfg, model)
+        if setting(cfg, "distributed_training", "ddp_backend") == "fully_sharded":
+            raise ValueError("--ddp-backend fully_sharded (distributed_training.ddp_backend) flattens the weights "
+                             "into shards without rows, which --residual-scheme ngpt renormalises after every step: "
+                             "use --ddp-backend pytorch_ddp (or c10d, no_c10d, legacy_ddp)")
+        decay = setting(cfg, "optimizer", "weight_decay", 0)
+        if decay > 0:
+            logger.warning(
+                "nGPT trains without weight decay (NVIDIA/ngpt train.py), but the optimizer decays weights by %g: it "
+                "pulls the eigen learning rates and scalers (alpha, s_qk, s_u, s_z) toward 0 at every step, while "
+                "the matrices are put back on the sphere after it; use --weight-decay 0 (optimizer.weight_decay=0)",
+                decay)
 
     def sublayer_residual(self, cfg, site):
         return NGPTResidual(site, cfg.residual_options.params.alpha_init)
@@ -420,7 +414,6 @@ class NGPT(ResidualScheme):
 
     def after_optimizer_step(self, model, optimizer) -> None:
         renormalise(model, optimizer)
-        warn_weight_decay(model, optimizer)
 
 
 SCHEME = NGPT()

@@ -33,7 +33,7 @@ import math
 import torch.nn as nn
 
 from ..residual import PlainResidual
-from .base import ResidualScheme
+from .base import ResidualScheme, setting
 
 logger = logging.getLogger(__name__)
 
@@ -88,19 +88,15 @@ class TFixup(ResidualScheme):
     final_norm_eps = None
     has_layer_norm = False
 
-    def check_args(self, args):
-        """Refuse LayerNorm options (T-Fixup has none; the base check) and log a warm-up (the recipe has none).
-
-        Raises:
-            ValueError: ``--layernorm-embedding`` or ``--{encoder,decoder}-normalize-before``.
-        """
-        super().check_args(args)
-        warmup = getattr(args, "warmup_updates", 0) or 0
-        if getattr(args, "lr_scheduler", None) is not None and warmup > 0:
+    def check_training(self, cfg, model):
+        """Log a learning-rate warm-up (the recipe has none)."""
+        super().check_training(cfg, model)
+        warmup = setting(cfg, "lr_scheduler", "warmup_updates", 0)
+        if warmup > 0:
             logger.warning(
-                "T-Fixup is initialised to train without learning-rate warm-up, but --warmup-updates is "
-                "%d; the reference recipe uses --lr-scheduler inverse_sqrt_nowarmup --decay-period 4000 "
-                "(layer6ai-labs/T-Fixup, Train_IWSLT_TFixup_example.sh)", warmup,
+                "T-Fixup is initialised to train without learning-rate warm-up, but --warmup-updates "
+                "(lr_scheduler.warmup_updates) is %d; the reference recipe uses --lr-scheduler inverse_sqrt_nowarmup "
+                "--decay-period 4000 (layer6ai-labs/T-Fixup, Train_IWSLT_TFixup_example.sh)", warmup,
             )
 
     def sublayer_residual(self, cfg, site):

@@ -1,0 +1,84 @@
+"""The checks of the training settings: the plugin's wrap of fairseq's ``Trainer.__init__``.
+
+``fairseq-hydra-train`` builds the model from ``cfg.model`` alone (``fairseq_cli/train.py``:
+``task.build_model(cfg.model)``), so a scheme's ``check_args`` never sees the precision (``common``), the
+distributed backend (``distributed_training``), the optimizer or the learning-rate schedule there;
+``fairseq-train`` hands the model its whole argument namespace. Both entry points then build fairseq's
+``Trainer(cfg, task, model, criterion)`` with the whole config, on every rank, before the first batch and before
+the optimizer exists (fairseq-train builds that at ``trainer.get_lr()``, before training). Loading the plugin wraps
+``Trainer.__init__`` so that, first, :func:`check_training` runs there: the settings' warnings and refusals come
+from one place under either entry point, and a refusal loses nothing.
+
+What is checked there: fp16 on a CPU (:func:`warn_fp16_without_cuda`), and the scheme's own
+:meth:`~fairseq_residual.schemes.base.ResidualScheme.check_training` (Admin's refusal of fairseq's fp32 master
+copy without a profile, nGPT's of FSDP, T-Fixup's warm-up and nGPT's weight decay logged). Other models are
+untouched.
+"""
+import functools
+import logging
+from types import SimpleNamespace
+
+import torch
+from fairseq.trainer import Trainer
+
+from .schemes.base import scheme_of, setting, unwrap_model
+
+logger = logging.getLogger(__name__)
+
+
+def warn_fp16_without_cuda(cfg) -> None:
+    """Warn when fp16 training is asked for without CUDA (``cfg.common.fp16`` with ``cfg.common.cpu`` or no CUDA
+    device): fairseq's Trainer answers each gradient overflow of its loss scaler (the first ones are normal: the
+    scale starts at ``--fp16-init-scale`` and halves on each) with ``torch.tensor(0.0).cuda()``, which raises
+    'Torch not compiled with CUDA enabled' on a CPU."""
+    if not setting(cfg, "common", "fp16", False):
+        return
+    if setting(cfg, "common", "cpu", False) or not torch.cuda.is_available():
+        logger.warning(
+            "fp16 training on a CPU: fairseq's Trainer answers each gradient overflow of its loss scaler (its "
+            "first overflows are normal: the scale starts at --fp16-init-scale and halves on each) with "
+            "torch.tensor(0.0).cuda(), which fails without CUDA ('Torch not compiled with CUDA enabled'); on a "
+            "CPU train in fp32, or in bf16 (fairseq-hydra-train common.bf16=true "
+            "common.fp16_no_flatten_grads=true; --memory-efficient-bf16 also runs)"
+        )
+
+
+#: the groups of fairseq's config (``fairseq/dataclass/configs.py``, ``FairseqConfig``)
+CONFIG_GROUPS = ("common", "common_eval", "distributed_training", "dataset", "optimization", "checkpoint", "bmuf",
+                 "generation", "eval_lm", "interactive", "model", "task", "criterion", "optimizer", "lr_scheduler",
+                 "scoring", "bpe", "tokenizer", "ema")
+
+
+def namespace_config(args) -> SimpleNamespace:
+    """A stand-in for fairseq's config made of one flat ``argparse.Namespace`` (as ``fairseq-train`` parses it):
+    every group of :data:`CONFIG_GROUPS` is ``args`` itself, so ``cfg.common.bf16`` reads ``args.bf16``. Without
+    fairseq's conversion of the namespace (half a second a call)."""
+    return SimpleNamespace(**{group: args for group in CONFIG_GROUPS})
+
+
+def check_training(cfg, model) -> None:
+    """The checks of fairseq config ``cfg`` (its groups ``common``, ``distributed_training``, ``optimizer``,
+    ``lr_scheduler``, ...) for training ``model`` (wrapped or not): nothing for a model of another kind.
+
+    Raises:
+        ValueError: a setting the model's scheme cannot honour, naming the fix.
+    """
+    scheme = scheme_of(model)
+    if scheme is None:
+        return
+    warn_fp16_without_cuda(cfg)
+    scheme.check_training(cfg, unwrap_model(model))
+
+
+def _wrap(init):
+    @functools.wraps(init)
+    def __init__(self, cfg, task, model, criterion, *args, **kwargs):
+        check_training(cfg, model)
+        init(self, cfg, task, model, criterion, *args, **kwargs)
+
+    __init__._residual_training_checks = True
+    return __init__
+
+
+if not getattr(Trainer.__init__, "_residual_training_checks", False):
+    Trainer.__init__ = _wrap(Trainer.__init__)
