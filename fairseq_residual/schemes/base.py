@@ -415,9 +415,8 @@ class ResidualScheme:
                 (not memory-efficient, not bf16) for a scheme with overrides (those of weight decay only: when
                 ``--weight-decay`` > 0).
         """
-        common = getattr(cfg, "common", None)
-        flat = getattr(common, "fp16", False) and not any(
-            getattr(common, key, False) for key in ("memory_efficient_fp16", "fp16_no_flatten_grads", "bf16"))
+        flat = setting(cfg, "common", "fp16", False) and not any(
+            setting(cfg, "common", key, False) for key in ("memory_efficient_fp16", "fp16_no_flatten_grads", "bf16"))
         why = flat_master_copy_refusal(flat, self.optim_overrides_keys if self.optim_overrides else (),
                                        setting(cfg, "optimizer", "weight_decay", 0))
         if why:
