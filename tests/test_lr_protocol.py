@@ -236,6 +236,17 @@ def test_the_archive_holds_each_finished_cells_small_files_and_resumes_the_study
     assert len(fake.calls) == trained
     assert json.loads((moved / "ranking.json").read_text())["rows"] == json.loads(
         (out / "ranking.json").read_text())["rows"]
+    # archived again from there (the cells have no logs now): every file as the first archive wrote it
+    again = tmp_path / "again"
+    args = claims.parse_args(["--out", str(moved), "--updates", "4", "--select-updates", "4", "--jobs", "1",
+                              "--schemes", "post_ln,pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3",
+                              "--tune-seeds", "2", "--report-only", "--archive", str(again)])
+    assert claims_study.study(args) == 0
+    for name in cells:
+        for d, _, fs in os.walk(archive / "cells" / name):
+            for f in fs:
+                first = os.path.join(d, f)
+                assert (again / os.path.relpath(first, archive)).read_text() == open(first).read(), first
 
 
 @pytest.mark.parametrize("option", [["--tune-seeds", "2,3"], ["--select-seed=4"], ["--select-updates", "500"]])

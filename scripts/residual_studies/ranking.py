@@ -333,7 +333,8 @@ ARCHIVED = ("settings.json", "train_state.json", "budgets/u*/result.json", "budg
 
 def archive(out, dest):
     """Copy every finished cell's small files from the study folder ``out`` into ``dest/cells`` (the same
-    layout, plus ``curve.json``, its validation curve, :func:`valid_curve`, and ``cost.json``, its training
+    layout, plus ``curve.json``, its validation curve, :func:`cell_curve` (from its logs, or from the archive a
+    cell restored from one brought), and ``cost.json``, its training
     CPU-seconds and the updates they trained, :func:`training_cost`), so that the report can be
     rebuilt, and the study resumed on another machine, from what a repository holds: copy ``dest/cells``
     into a new study folder's ``cells`` and the same command skips every archived cell. Returns the number
@@ -351,7 +352,7 @@ def archive(out, dest):
                 os.makedirs(os.path.dirname(dst), exist_ok=True)
                 shutil.copyfile(src, dst)
         with open(os.path.join(target, "curve.json"), "w", encoding="utf-8") as f:
-            json.dump(valid_curve(run_dir), f)
+            json.dump(cell_curve(run_dir), f)
         result = read_json(sorted(glob.glob(os.path.join(run_dir, "budgets", "u*", "result.json")))[-1]) or {}
         cpu, trained = training_cost(run_dir, result)
         write_json(os.path.join(target, "cost.json"), dict(train_cpu_s=cpu, trained_updates=trained))
