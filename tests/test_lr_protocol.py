@@ -203,7 +203,7 @@ def test_a_report_read_while_the_selection_runs_chooses_nothing_and_says_what_ha
     assert "| Pre-LN | warm6 | - | - | - | pending: 0 of 2 selection cells finished |" in text
     assert "Selection cells finished: 2 of 4; rows with a chosen rate: 1 of 2; final cells finished: 1 of 1" in text
     # the stand-in reports 1 CPU-s per run: 4 updates (1e-3) and 1 update before NaN (4e-3), 0.625 s on average
-    assert "| Post-LN | 2 | 0.625 | 0.00 |" in text
+    assert f"| Post-LN | 2 | 0.625 | 0.00 | {ranking.this_machine()} (2) |" in text
 
 
 def test_the_archive_holds_each_finished_cells_small_files_and_resumes_the_study_elsewhere(fake_study, tmp_path):
@@ -220,6 +220,7 @@ def test_the_archive_holds_each_finished_cells_small_files_and_resumes_the_study
         assert {"settings.json", "train_state.json", "curve.json"} <= files
         if json.loads((archive / "cells" / name / "train_state.json").read_text())["status"] == "ok":
             assert json.loads((archive / "cells" / name / "curve.json").read_text())[-1][0] == 4
+        assert json.loads((archive / "cells" / name / "cost.json").read_text())["machine"] == ranking.this_machine()
     assert (archive / "ranking.md").read_text() == (out / "ranking.md").read_text()
     # a new machine: the archived cells in a new study folder, the same command trains nothing
     trained = len(fake.calls)
@@ -236,7 +237,15 @@ def test_the_archive_holds_each_finished_cells_small_files_and_resumes_the_study
     assert len(fake.calls) == trained
     assert json.loads((moved / "ranking.json").read_text())["rows"] == json.loads(
         (out / "ranking.json").read_text())["rows"]
-    # archived again from there (the cells have no logs now): every file as the first archive wrote it
+    # archived again from there (the cells have no logs now): every file as the first archive wrote it, the machine
+    # a cell trained on included (a cell archived before the record has none, and gets none)
+    for name, machine in ((cells[0], "Another CPU, 8 cores"), (cells[1], None)):
+        cost = json.loads((moved / "cells" / name / "cost.json").read_text())
+        cost.pop("machine")
+        if machine:
+            cost["machine"] = machine
+        for folder in (moved, archive):
+            (folder / "cells" / name / "cost.json").write_text(json.dumps(cost))
     again = tmp_path / "again"
     args = claims.parse_args(["--out", str(moved), "--updates", "4", "--select-updates", "4", "--jobs", "1",
                               "--schemes", "post_ln,pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3",
@@ -246,7 +255,7 @@ def test_the_archive_holds_each_finished_cells_small_files_and_resumes_the_study
         for d, _, fs in os.walk(archive / "cells" / name):
             for f in fs:
                 first = os.path.join(d, f)
-                assert (again / os.path.relpath(first, archive)).read_text() == open(first).read(), first
+                assert json.loads((again / os.path.relpath(first, archive)).read_text()) == json.load(open(first)), first
 
 
 @pytest.mark.parametrize("option", [["--tune-seeds", "2,3"], ["--select-seed=4"], ["--select-updates", "500"]])

@@ -185,6 +185,30 @@ def cpu_hours(cells):
                for r in cells) / 3600
 
 
+def this_machine():
+    """This machine's CPU as the cells' costs name it: the model name of ``/proc/cpuinfo`` (else
+    ``platform.processor()``, else "unknown CPU") and how many cores the process may use, e.g. "AMD EPYC, 2 cores"."""
+    import platform
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model or platform.processor() or 'unknown CPU'}, {cores} cores"
+
+
+def cell_machine(run_dir):
+    """The machine a finished cell trained on: the one its archived ``cost.json`` names (None where that archive
+    predates the record), else this machine (a cell with its logs, trained in this study folder)."""
+    saved = read_json(os.path.join(run_dir, "cost.json"))
+    if saved:
+        return saved.get("machine")
+    return this_machine()
+
+
 def training_cost(run_dir, result):
     """``(training CPU-seconds, updates they trained)`` of the cell in ``run_dir`` (``result``: its result).
 
@@ -303,19 +327,31 @@ def cost_table(selection_cells, rows, final_updates, seeds, out=None):
     lines, per_update = [], {}
     for row in rows:
         mine = [r for r in selection_cells if r["scheme"] == row and r.get("train_cpu_s")]
-        costs = [training_cost(os.path.join(out, "cells", r["cell"]), r) if out and r.get("cell")
-                 else (r["train_cpu_s"], r.get("reached")) for r in mine]
+        dirs = [os.path.join(out, "cells", r["cell"]) if out and r.get("cell") else None for r in mine]
+        costs = [training_cost(d, r) if d else (r["train_cpu_s"], r.get("reached")) for d, r in zip(dirs, mine)]
         costs = [cpu / trained for cpu, trained in costs if trained]
         per_update[row] = sum(costs) / len(costs) if costs else None
         projected = None if per_update[row] is None else per_update[row] * final_updates * seeds / 3600
         lines.append([row_label(row), len(mine), "-" if not costs else f"{per_update[row]:.3f}",
-                      "-" if projected is None else f"{projected:.2f}"])
+                      "-" if projected is None else f"{projected:.2f}", _machines(dirs)])
     spent = cpu_hours(selection_cells)
     projected = sum(v * final_updates * seeds for v in per_update.values() if v) / 3600
     text = markdown_table(["row", "selection cells finished", "training CPU-s per update",
-                           f"final cells, projected CPU-h ({seeds} x {final_updates} updates)"], lines)
+                           f"final cells, projected CPU-h ({seeds} x {final_updates} updates)",
+                           "machines (cells)"], lines, align=["l", "r", "r", "r", "l"])
     return text, dict(spent_cpu_h=round(spent, 2), projected_final_cpu_h=round(projected, 2),
                       per_update=per_update)
+
+
+def _machines(run_dirs):
+    """Which machines the cells in ``run_dirs`` ran on, with how many cells each ("unrecorded" for archived cells
+    without the record, "-" for none)."""
+    counts = {}
+    for d in run_dirs:
+        if d:
+            name = cell_machine(d) or "unrecorded"
+            counts[name] = counts.get(name, 0) + 1
+    return "; ".join(f"{name} ({n})" for name, n in counts.items()) or "-"
 
 
 def valid_curve(run_dir):
@@ -335,7 +371,8 @@ def archive(out, dest):
     """Copy every finished cell's small files from the study folder ``out`` into ``dest/cells`` (the same
     layout, plus ``curve.json``, its validation curve, :func:`cell_curve` (from its logs, or from the archive a
     cell restored from one brought), and ``cost.json``, its training
-    CPU-seconds and the updates they trained, :func:`training_cost`), so that the report can be
+    CPU-seconds and the updates they trained, :func:`training_cost`, and the machine they ran on,
+    :func:`cell_machine`: costs measured on different CPUs do not compare), so that the report can be
     rebuilt, and the study resumed on another machine, from what a repository holds: copy ``dest/cells``
     into a new study folder's ``cells`` and the same command skips every archived cell. Returns the number
     of cells archived."""
@@ -355,7 +392,11 @@ def archive(out, dest):
             json.dump(cell_curve(run_dir), f)
         result = read_json(sorted(glob.glob(os.path.join(run_dir, "budgets", "u*", "result.json")))[-1]) or {}
         cpu, trained = training_cost(run_dir, result)
-        write_json(os.path.join(target, "cost.json"), dict(train_cpu_s=cpu, trained_updates=trained))
+        cost = dict(train_cpu_s=cpu, trained_updates=trained)
+        machine = cell_machine(run_dir)
+        if machine:
+            cost["machine"] = machine
+        write_json(os.path.join(target, "cost.json"), cost)
         n += 1
     for name in ("ranking.md", "ranking.json", "ranking.png", "ranking_curves.png"):
         if os.path.exists(os.path.join(out, name)):
