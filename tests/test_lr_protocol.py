@@ -393,6 +393,19 @@ def _cell_files(out, r, curve, cpu_per_update):
                                                    "trained_updates": r["reached"]}))
 
 
+def test_the_report_names_rows_whose_cells_ran_on_other_machines_than_pre_lns():
+    """CPU-seconds from different CPUs do not compare: the note names the rows not all on Pre-LN's one machine."""
+    a, b = "AMD EPYC, 2 cores", "Intel Xeon, 2 cores"
+    assert ranking.machine_note({"pre_ln": {"machines": [a]}, "resi_dual": {"machines": [a]}}) == ""
+    note = ranking.machine_note({"pre_ln": {"machines": [a]}, "resi_dual": {"machines": [a]},
+                                 "mhc": {"machines": [a, b]}, "t_fixup": {"machines": [b]}})
+    assert note.startswith(f"The final cells trained on: {a}, {b}. Not all on Pre-LN's one recorded machine: mHC, "
+                           "T-Fixup; their equal-compute reading at measured costs compares CPUs")
+    assert "ResiDual" not in note and note.endswith("schemes.")
+    note = ranking.machine_note({"pre_ln": {"machines": ["unrecorded"], "idle": {}}, "mhc": {"machines": [a]}})
+    assert "unrecorded" in note and "mHC" in note and note.endswith("the reading at idle costs does not.")
+
+
 def test_equal_compute_reads_each_row_at_pre_lns_cpu_seconds_and_the_curve_gives_the_plateau(tmp_path):
     """Pre-LN costs 0.5 CPU-s per update, hyper-connections 1.0 and ReZero 0.25: at Pre-LN's CPU-seconds for 3,000
     updates, hyper-connections are read at 1,500 updates (between two validations, linearly), ReZero at its 3,000

@@ -280,8 +280,8 @@ def equal_compute(out, results, budget, idle=None):
             load the cells ran under.
 
     Returns:
-        ``{row: {"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound", "plateau", "curve"[,
-        "idle"]}}``.
+        ``{row: {"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound", "plateau", "curve",
+        "machines"[, "idle"]}}``; machines: those the row's cells trained on (:func:`cell_machine`).
     """
     cells = {}
     for r in results:
@@ -300,13 +300,34 @@ def equal_compute(out, results, budget, idle=None):
         common = sorted(set.intersection(*(set(d) for d in by_update))) if curves else []
         mean_curve = {u: mean_sd([d[u] for d in by_update])[0] for u in common}
         entry = dict(_read_at(curves, total, rate[row], budget), curve=mean_curve,
-                     plateau=plateau(mean_curve, start=CURVE_PLATEAU_FROM))
+                     plateau=plateau(mean_curve, start=CURVE_PLATEAU_FROM),
+                     machines=sorted({cell_machine(os.path.join(out, "cells", r["cell"])) or "unrecorded"
+                                      for r in mine if r.get("cell")}))
         if idle is not None:
             idle_rate = (rate.get(BASELINE) and idle.get(row) and idle.get(BASELINE)
                          and rate[BASELINE] * idle[row] / idle[BASELINE])
             entry["idle"] = _read_at(curves, total, idle_rate or None, budget)
         found[row] = entry
     return found
+
+
+def machine_note(found) -> str:
+    """A sentence on the machines the final cells trained on (``found``: :func:`equal_compute`'s), naming the rows
+    whose cells did not all run on Pre-LN's one machine: their CPU-seconds, and so their equal-compute reading at
+    measured costs, compare CPUs as well as schemes. Empty when every cell ran on one recorded machine."""
+    every = sorted({m for e in found.values() for m in e.get("machines", ())})
+    if len(every) == 1 and every[0] != "unrecorded":
+        return ""
+    base = found.get(BASELINE, {}).get("machines", [])
+    apart = [row_label(row) for row, e in found.items()
+             if row != BASELINE and (len(base) != 1 or e.get("machines") != base)]
+    text = f"The final cells trained on: {', '.join(every)}."
+    if apart:
+        text += (f" Not all on Pre-LN's one recorded machine: {', '.join(apart)}; their equal-compute reading at "
+                 "measured costs compares CPUs as well as schemes" + ("; the reading at idle costs does not." if
+                                                                       any("idle" in e for e in found.values())
+                                                                       else "."))
+    return text
 
 
 def cost_table(selection_cells, rows, final_updates, seeds, out=None):
@@ -427,7 +448,8 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
                              else f"no plateau by {max(q['curve'])}")
     depth = CONDITIONS[condition][0]
     title = f"Every row at {condition} ({depth}+{depth} layers), ranked"
-    ranked = [table(rows), "", paper_results.describe("iwslt14") or "", "", "![ranking](ranking.png)", "",
+    ranked = [table(rows), "", *([machine_note(found), ""] if machine_note(found) else []),
+              paper_results.describe("iwslt14") or "", "", "![ranking](ranking.png)", "",
               "Validation curves against training CPU-seconds (equal compute: where each crosses the dotted line):",
               "", "![curves](ranking_curves.png)", ""] if rows \
         else ["No row has a finished final cell yet: the ranking appears when the first do.", ""]
