@@ -328,13 +328,19 @@ class MHC(HyperConnections):
     def _normalise(self, m, dim):
         return m / m.sum(dim=dim, keepdim=True)
 
-    def sublayer(self, stack, layer, l, kind, hs, branch):
-        res = getattr(layer, f"{kind}_residual")
-        n = self.n
+    @staticmethod
+    def gates(res, hs):
+        """mHC's eq. 7-8, which mHC-lite keeps: ``(x', H_pre, H_post)`` of sub-layer ``res`` on the streams ``hs``."""
         flat = torch.cat(hs, dim=-1)
         x = flat / torch.sqrt(flat.pow(2).mean(dim=-1, keepdim=True) + 1e-20)
         pre = torch.sigmoid(res.alpha_pre * (x @ res.phi_pre) + res.b_pre)
         post = 2 * torch.sigmoid(res.alpha_post * (x @ res.phi_post) + res.b_post)
+        return x, pre, post
+
+    def sublayer(self, stack, layer, l, kind, hs, branch):
+        res = getattr(layer, f"{kind}_residual")
+        n = self.n
+        x, pre, post = self.gates(res, hs)
         logits = res.alpha_res * (x @ res.phi_res).view(*x.shape[:-1], n, n) + res.b_res
         m = torch.exp(logits)
         if self.rows_only:
@@ -807,10 +813,7 @@ class MHCLite(HyperConnections):
 
         res = getattr(layer, f"{kind}_residual")
         n = self.n
-        flat = torch.cat(hs, dim=-1)
-        x = flat / torch.sqrt(flat.pow(2).mean(dim=-1, keepdim=True) + 1e-20)
-        pre = torch.sigmoid(res.alpha_pre * (x @ res.phi_pre) + res.b_pre)
-        post = 2 * torch.sigmoid(res.alpha_post * (x @ res.phi_post) + res.b_post)
+        x, pre, post = MHC.gates(res, hs)
         w = torch.softmax(res.alpha_res * (x @ res.phi_res) + res.b_res, dim=-1)
         perms = list(itertools.permutations(range(n)))
         h_in = sum(pre[..., i: i + 1] * hs[i] for i in range(n))
