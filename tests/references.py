@@ -927,3 +927,30 @@ class NGPT(Transcription):
 
 
 REFERENCES["ngpt"] = (["--ngpt-alpha-init", 0.07], NGPT(0.07), NGPT(0.07, outer_norm=False))
+
+
+def assert_matches_transcription(model, d, reference, controls=(), tol=1e-5):
+    """Assert that ``model`` (eval mode) computes what transcription ``reference`` computes from its weights, on a
+    padded random batch of 5 sentences over dictionary ``d``: the encoder output (S x B x C) and the decoder's
+    log-probabilities (B x T x V) within ``tol`` (padded positions, which fairseq leaves unspecified, left out); and
+    that every negative control in ``controls`` (a transcription with one thing changed) differs from the model's
+    log-probabilities by more than 1e-3, so that the comparison is sensitive to what each control changes.
+
+    Returns:
+        ``(encoder output, its non-padded positions S x B)`` for further checks.
+    """
+    from conftest import random_batch
+
+    src, lengths, prev, _ = random_batch(d, bsz=5)
+    assert src.eq(d.pad()).any() and prev.eq(d.pad()).any(), "the batch must contain padding"
+    with torch.no_grad():
+        enc_ref, lp_ref = reference_forward(model, src, prev, reference)
+        lp_controls = [reference_forward(model, src, prev, c)[1] for c in controls]
+        enc = model.encoder(src, src_lengths=lengths)["encoder_out"][0]
+        lp = model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
+    keep_src, keep_tgt = src.ne(d.pad()).t(), prev.ne(d.pad())
+    assert (enc - enc_ref)[keep_src].abs().max().item() <= tol
+    assert (lp - lp_ref)[keep_tgt].abs().max().item() <= tol
+    for control, lp_ctl in zip(controls, lp_controls):
+        assert (lp - lp_ctl)[keep_tgt].abs().max().item() > 1e-3, f"negative control {control!r} gives the same"
+    return enc, keep_src

@@ -25,7 +25,7 @@ from fairseq_residual.encoder_decoder import SchemeMismatchError
 from fairseq_residual.model import ARCH_NAMES, PRESETS
 from fairseq_residual.schemes import SCHEME_NAMES, SCHEMES, get_scheme
 from fairseq_residual.training_checks import check_training, namespace_config
-from references import CONFORMANCE_NOISE, REFERENCES, reference_forward
+from references import CONFORMANCE_NOISE, REFERENCES, assert_matches_transcription
 
 
 TOL = 1e-5
@@ -71,18 +71,8 @@ def test_matches_its_reference_transcription(scheme):
     model = tiny(scheme, *DEPTH, d=d)
     assert model.residual_scheme == scheme
     randomise_scheme_parameters(model)
-    src, lengths, prev, _ = random_batch(d, bsz=5)
-    assert src.eq(d.pad()).any() and prev.eq(d.pad()).any(), "the batch must contain padding"
     _, reference, control = REFERENCES[scheme]
-    with torch.no_grad():
-        enc_ref, lp_ref = reference_forward(model, src, prev, reference)
-        _, lp_ctl = reference_forward(model, src, prev, control)
-        enc = model.encoder(src, src_lengths=lengths)["encoder_out"][0]
-        lp = model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
-    keep_src, keep_tgt = src.ne(d.pad()).t(), prev.ne(d.pad())  # fairseq leaves padded rows unspecified
-    assert (enc - enc_ref)[keep_src].abs().max().item() <= TOL
-    assert (lp - lp_ref)[keep_tgt].abs().max().item() <= TOL
-    assert (lp - lp_ctl)[keep_tgt].abs().max().item() > 1e-3  # negative control: the transcription is sensitive
+    assert_matches_transcription(model, d, reference, [control], tol=TOL)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 
 from conftest import REPO, USER_DIR, build_model, cli_env, make_dictionary, random_batch
 from fairseq_residual.schemes.ngpt import on_sphere, renormalise, sphere_matrices
-from references import NGPT, reference_forward
+from references import NGPT, assert_matches_transcription
 from trainers import samples, trainer
 
 TOL = 1e-5
@@ -36,16 +36,7 @@ def test_exact_with_every_scale_randomised(flags):
     if flags:
         assert model.decoder.output_projection.weight is model.encoder.embed_tokens.weight
     _randomise_every_scale(model)
-    src, lengths, prev, _ = random_batch(d, bsz=5)
-    with torch.no_grad():
-        enc_ref, lp_ref = reference_forward(model, src, prev, NGPT(0.1))
-        _, lp_ctl = reference_forward(model, src, prev, NGPT(0.1, outer_norm=False))
-        enc = model.encoder(src, src_lengths=lengths)["encoder_out"][0]
-        lp = model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
-    keep_src, keep_tgt = src.ne(d.pad()).t(), prev.ne(d.pad())
-    assert (enc - enc_ref)[keep_src].abs().max().item() <= TOL
-    assert (lp - lp_ref)[keep_tgt].abs().max().item() <= TOL
-    assert (lp - lp_ctl)[keep_tgt].abs().max().item() > 1e-3
+    enc, keep_src = assert_matches_transcription(model, d, NGPT(0.1), [NGPT(0.1, outer_norm=False)], tol=TOL)
     # every state on the sphere: the encoder output's rows have norm 1
     norms = enc.norm(dim=-1)[keep_src]
     assert (norms - 1).abs().max().item() < 1e-5
