@@ -14,6 +14,7 @@ What is checked there: fp16 on a CPU (:func:`warn_fp16_without_cuda`), and the s
 copy without a profile, nGPT's of FSDP, T-Fixup's warm-up and nGPT's weight decay logged). Other models are
 untouched.
 """
+import argparse
 import functools
 import logging
 from types import SimpleNamespace
@@ -73,7 +74,8 @@ def check_training(cfg, model) -> None:
 def _wrap(init):
     @functools.wraps(init)
     def __init__(self, cfg, task, model, criterion, *args, **kwargs):
-        check_training(cfg, model)
+        # fairseq's Trainer still takes an argparse.Namespace (it converts it, with a deprecation warning)
+        check_training(namespace_config(cfg) if isinstance(cfg, argparse.Namespace) else cfg, model)
         init(self, cfg, task, model, criterion, *args, **kwargs)
 
     __init__._residual_training_checks = True

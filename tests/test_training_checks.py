@@ -39,8 +39,11 @@ CASES = {
     "t_fixup-warm-up": (
         "t_fixup", ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100"],
         ["--lr-scheduler", "inverse_sqrt_nowarmup"], "warning",
-        r"without learning-rate warm-up, but --warmup-updates \(lr_scheduler.warmup_updates\) is 100; .* "
+        r"without learning-rate warm-up, but the schedule warms up over 100 updates \(--warmup-updates, .* "
         r"--lr-scheduler inverse_sqrt_nowarmup"),
+    "t_fixup-tri-stage-warm-up": (
+        "t_fixup", ["--lr-scheduler", "tri_stage", "--warmup-steps", "9"], ["--lr-scheduler", "tri_stage"], "warning",
+        r"without learning-rate warm-up, but the schedule warms up over 9 updates"),
     "fp16-on-a-cpu": (
         "pre_ln", ["--memory-efficient-fp16"], ["--memory-efficient-bf16"], "warning",
         r"fp16 training on a CPU: .*torch.tensor\(0.0\).cuda\(\), .*--memory-efficient-bf16 also runs"),
@@ -77,6 +80,22 @@ def test_training_settings_are_checked_where_fairseqs_trainer_is_built(case, cap
         caplog.clear()
         _trainer(scheme, recipe)
     assert _warnings(caplog, message) == []
+
+
+def test_a_trainer_given_fairseq_trains_argument_namespace_is_checked_too():
+    """fairseq's Trainer still takes the parsed arguments (it converts them, with a deprecation warning): the checks
+    read them the same way. The model is built without the settings, which the caller sets afterwards."""
+    from fairseq.trainer import Trainer
+
+    from conftest import build_model
+
+    model, args, task = build_model("residual_transformer_tiny", "--residual-scheme", "hyper_connections",
+                                    "--optimizer", "adam", "--cpu")
+    args.fp16, args.weight_decay = True, 0.1
+    with pytest.raises(ValueError, match=r"--fp16 keeps one flat fp32 copy"):
+        Trainer(args, task, model, task.build_criterion(args))
+    args.fp16_no_flatten_grads = True  # negative control: per-parameter master copies
+    Trainer(args, task, model, task.build_criterion(args))
 
 
 def test_a_model_of_another_kind_is_not_checked():

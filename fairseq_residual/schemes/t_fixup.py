@@ -91,12 +91,14 @@ class TFixup(ResidualScheme):
     def check_training(self, cfg, model):
         """Log a learning-rate warm-up (the recipe has none)."""
         super().check_training(cfg, model)
-        warmup = setting(cfg, "lr_scheduler", "warmup_updates", 0)
+        # tri_stage names its warm-up warmup_steps; every other fairseq schedule with one, warmup_updates
+        warmup = max(setting(cfg, "lr_scheduler", "warmup_updates", 0), setting(cfg, "lr_scheduler", "warmup_steps", 0))
         if warmup > 0:
             logger.warning(
-                "T-Fixup is initialised to train without learning-rate warm-up, but --warmup-updates "
-                "(lr_scheduler.warmup_updates) is %d; the reference recipe uses --lr-scheduler inverse_sqrt_nowarmup "
-                "--decay-period 4000 (layer6ai-labs/T-Fixup, Train_IWSLT_TFixup_example.sh)", warmup,
+                "T-Fixup is initialised to train without learning-rate warm-up, but the schedule warms up over %d "
+                "updates (--warmup-updates, lr_scheduler.warmup_updates; tri_stage: --warmup-steps); the reference "
+                "recipe uses --lr-scheduler inverse_sqrt_nowarmup --decay-period 4000 (layer6ai-labs/T-Fixup, "
+                "Train_IWSLT_TFixup_example.sh)", warmup,
             )
 
     def sublayer_residual(self, cfg, site):
