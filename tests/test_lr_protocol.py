@@ -404,6 +404,21 @@ def test_the_report_names_rows_whose_cells_ran_on_other_machines_than_pre_lns():
     assert "ResiDual" not in note and note.endswith("schemes.")
     note = ranking.machine_note({"pre_ln": {"machines": ["unrecorded"], "idle": {}}, "mhc": {"machines": [a]}})
     assert "unrecorded" in note and "mHC" in note and note.endswith("the reading at idle costs does not.")
+    # an unrecorded machine is not Pre-LN's known one, even where Pre-LN's is unrecorded too
+    note = ranking.machine_note({"pre_ln": {"machines": ["unrecorded"]}, "admin": {"machines": ["unrecorded"]},
+                                 "mhc": {"machines": [a]}})
+    assert "Not all on Pre-LN's one recorded machine: Admin, mHC;" in note
+
+
+def test_a_cell_is_credited_to_this_machine_only_where_it_trained_here(tmp_path):
+    """Its archived record, else this machine where its training logs are, else unrecorded."""
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    assert ranking.cell_machine(cell) is None  # no record, no logs: moved here without them
+    (cell / "train-u1000.log").write_text("")
+    assert ranking.cell_machine(cell) == ranking.this_machine()
+    (cell / "cost.json").write_text(json.dumps({"train_cpu_s": 1.0, "trained_updates": 1, "machine": "Intel Xeon"}))
+    assert ranking.cell_machine(cell) == "Intel Xeon"
 
 
 def test_equal_compute_reads_each_row_at_pre_lns_cpu_seconds_and_the_curve_gives_the_plateau(tmp_path):

@@ -201,12 +201,13 @@ def this_machine():
 
 
 def cell_machine(run_dir):
-    """The machine a finished cell trained on: the one its archived ``cost.json`` names (None where that archive
-    predates the record), else this machine (a cell with its logs, trained in this study folder)."""
+    """The machine a finished cell trained on: the one its archived ``cost.json`` names, else this machine where
+    the cell's training logs are here (it trained in this study folder), else None (unrecorded: an archive from
+    before the record)."""
     saved = read_json(os.path.join(run_dir, "cost.json"))
     if saved:
         return saved.get("machine")
-    return this_machine()
+    return this_machine() if glob.glob(os.path.join(run_dir, "train-u*.log")) else None
 
 
 def training_cost(run_dir, result):
@@ -319,8 +320,8 @@ def machine_note(found) -> str:
     if len(every) == 1 and every[0] != "unrecorded":
         return ""
     base = found.get(BASELINE, {}).get("machines", [])
-    apart = [row_label(row) for row, e in found.items()
-             if row != BASELINE and (len(base) != 1 or e.get("machines") != base)]
+    known = len(base) == 1 and base != ["unrecorded"]
+    apart = [row_label(row) for row, e in found.items() if row != BASELINE and (not known or e.get("machines") != base)]
     text = f"The final cells trained on: {', '.join(every)}."
     if apart:
         text += (f" Not all on Pre-LN's one recorded machine: {', '.join(apart)}; their equal-compute reading at "
