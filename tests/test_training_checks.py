@@ -113,3 +113,30 @@ def test_a_model_of_another_kind_is_not_checked():
     args.bf16 = True
     with pytest.raises(ValueError, match="overwrite the omegas"):
         check_training(namespace_config(args), tiny)
+
+
+@pytest.mark.parametrize("scheme, group, key, message", [
+    ("ngpt", "optimizer", "weight_decay", "nGPT trains without weight decay"),
+    ("t_fixup", "lr_scheduler", "warmup_updates", "without learning-rate warm-up, but the schedule warms up over"),
+])
+def test_composite_optimizers_groups_are_read(scheme, group, key, message, caplog):
+    """``--optimizer composite`` trains each parameter group with its own optimizer and schedule
+    (``cfg.optimizer.groups[name]``): a group's weight decay or warm-up counts, the top level holding neither."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from fairseq_residual.schemes import get_scheme
+
+    def cfg(value):
+        other = "lr_scheduler" if group == "optimizer" else "optimizer"
+        return SimpleNamespace(optimizer=OmegaConf.create({"_name": "composite", "groups": {
+            "default": {group: {key: 0}, other: {}}, "scales": {group: {key: value}, other: {}}}}),
+            lr_scheduler=OmegaConf.create({"_name": "pass_through"}))
+
+    with caplog.at_level(logging.WARNING, logger="fairseq_residual"):
+        get_scheme(scheme).check_training(cfg(50), None)
+        assert len(_warnings(caplog, message)) == 1
+        caplog.clear()
+        get_scheme(scheme).check_training(cfg(0), None)  # negative control
+    assert _warnings(caplog, message) == []

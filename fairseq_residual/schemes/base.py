@@ -180,6 +180,20 @@ def setting(cfg, group: str, key: str, default=None):
     return default if value is None else value
 
 
+def largest_setting(cfg, group: str, keys, default=0):
+    """The largest ``cfg.<group>.<key>`` over ``keys`` (one name, or its aliases across fairseq's optimizers and
+    schedules), and over every parameter group of ``--optimizer composite`` (``cfg.optimizer.groups[name].<group>``,
+    ``fairseq/optim/composite.py``), which trains each group with its own optimizer and schedule; ``default`` where
+    none is set. For settings where any group's value counts (weight decay, warm-up)."""
+    keys = (keys,) if isinstance(keys, str) else tuple(keys)
+    sources = [getattr(cfg, group, None)]
+    groups = setting(cfg, "optimizer", "groups")
+    if groups is not None and setting(cfg, "optimizer", "_name") == "composite":
+        sources += [getattr(g, group, None) for g in groups.values()]
+    found = [getattr(source, key, None) for source in sources for key in keys]
+    return max([v for v in found if v is not None], default=default)
+
+
 def unwrap_model(model):
     """The model inside fairseq's and torch's wrappers (DDP, FSDP and its flattening wrapper keep it as ``.module``)."""
     while not hasattr(model, "encoder") and isinstance(getattr(model, "module", None), torch.nn.Module):

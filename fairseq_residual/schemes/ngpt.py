@@ -76,7 +76,7 @@ from torch import Tensor, nn
 
 from ..layers import ResidualDecoderLayer, ResidualEncoderLayer
 from ..residual import NORM_NONE, StackResidual, SublayerResidual, with_main
-from .base import Option, ResidualScheme, setting, unwrap_model
+from .base import Option, ResidualScheme, largest_setting, setting, unwrap_model
 
 logger = logging.getLogger(__name__)
 
@@ -384,7 +384,7 @@ class NGPT(ResidualScheme):
             raise ValueError("--ddp-backend fully_sharded (distributed_training.ddp_backend) flattens the weights "
                              "into shards without rows, which --residual-scheme ngpt renormalises after every step: "
                              "use --ddp-backend pytorch_ddp (or c10d, no_c10d, legacy_ddp)")
-        decay = setting(cfg, "optimizer", "weight_decay", 0)
+        decay = largest_setting(cfg, "optimizer", "weight_decay")
         if decay > 0:
             logger.warning(
                 "nGPT trains without weight decay (NVIDIA/ngpt train.py), but the optimizer decays weights by %g: it "

@@ -33,7 +33,7 @@ import math
 import torch.nn as nn
 
 from ..residual import PlainResidual
-from .base import ResidualScheme, setting
+from .base import ResidualScheme, largest_setting
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class TFixup(ResidualScheme):
         """Log a learning-rate warm-up (the recipe has none)."""
         super().check_training(cfg, model)
         # tri_stage names its warm-up warmup_steps; every other fairseq schedule with one, warmup_updates
-        warmup = max(setting(cfg, "lr_scheduler", "warmup_updates", 0), setting(cfg, "lr_scheduler", "warmup_steps", 0))
+        warmup = largest_setting(cfg, "lr_scheduler", ("warmup_updates", "warmup_steps"))
         if warmup > 0:
             logger.warning(
                 "T-Fixup is initialised to train without learning-rate warm-up, but the schedule warms up over %d "
