@@ -22,9 +22,10 @@ from .schemes.base import scheme_of, unwrap_model
 
 def after_step(model, optimizer) -> None:
     """The model's scheme's hook after an optimizer step (nothing for a model of another kind)."""
+    model = unwrap_model(model)
     scheme = scheme_of(model)
     if scheme is not None:
-        scheme.after_optimizer_step(unwrap_model(model), optimizer)
+        scheme.after_optimizer_step(model, optimizer)
 
 
 def _wrap(step):

@@ -64,11 +64,12 @@ def check_training(cfg, model) -> None:
     Raises:
         ValueError: a setting the model's scheme cannot honour, naming the fix.
     """
+    model = unwrap_model(model)
     scheme = scheme_of(model)
     if scheme is None:
         return
     warn_fp16_without_cuda(cfg)
-    scheme.check_training(cfg, unwrap_model(model))
+    scheme.check_training(cfg, model)
 
 
 def _wrap(init):
