@@ -9,40 +9,19 @@ the optimizer exists (fairseq-train builds that at ``trainer.get_lr()``, before 
 ``Trainer.__init__`` so that, first, :func:`check_training` runs there: the settings' warnings and refusals come
 from one place under either entry point, and a refusal loses nothing.
 
-What is checked there: fp16 on a CPU (:func:`warn_fp16_without_cuda`), and the scheme's own
+What is checked there: for every model, mixed precision a run without CUDA does not honour (``--amp``, ``--fp16``:
+:func:`fairseq_residual.precision.warn_without_cuda`); for ``residual_transformer``, the scheme's own
 :meth:`~fairseq_residual.schemes.base.ResidualScheme.check_training` (Admin's refusal of fairseq's fp32 master
-copy without a profile, nGPT's of FSDP, T-Fixup's warm-up and nGPT's weight decay logged). Other models are
-untouched.
+copy without a profile, nGPT's of FSDP, T-Fixup's warm-up and nGPT's weight decay logged).
 """
 import argparse
 import functools
-import logging
 from types import SimpleNamespace
 
-import torch
 from fairseq.trainer import Trainer
 
-from .schemes.base import scheme_of, setting, unwrap_model
-
-logger = logging.getLogger(__name__)
-
-
-def warn_fp16_without_cuda(cfg) -> None:
-    """Warn when fp16 training is asked for without CUDA (``cfg.common.fp16`` with ``cfg.common.cpu`` or no CUDA
-    device): fairseq's Trainer answers each gradient overflow of its loss scaler (the first ones are normal: the
-    scale starts at ``--fp16-init-scale`` and halves on each) with ``torch.tensor(0.0).cuda()``, which raises
-    'Torch not compiled with CUDA enabled' on a CPU."""
-    if not setting(cfg, "common", "fp16", False):
-        return
-    if setting(cfg, "common", "cpu", False) or not torch.cuda.is_available():
-        logger.warning(
-            "fp16 training on a CPU: fairseq's Trainer answers each gradient overflow of its loss scaler (its "
-            "first overflows are normal: the scale starts at --fp16-init-scale and halves on each) with "
-            "torch.tensor(0.0).cuda(), which fails without CUDA ('Torch not compiled with CUDA enabled'); on a "
-            "CPU train in fp32, or in bf16 (fairseq-hydra-train common.bf16=true "
-            "common.fp16_no_flatten_grads=true; --memory-efficient-bf16 also runs)"
-        )
-
+from .precision import warn_without_cuda
+from .schemes.base import scheme_of, unwrap_model
 
 #: the groups of fairseq's config (``fairseq/dataclass/configs.py``, ``FairseqConfig``)
 CONFIG_GROUPS = ("common", "common_eval", "distributed_training", "dataset", "optimization", "checkpoint", "bmuf",
@@ -59,17 +38,17 @@ def namespace_config(args) -> SimpleNamespace:
 
 def check_training(cfg, model) -> None:
     """The checks of fairseq config ``cfg`` (its groups ``common``, ``distributed_training``, ``optimizer``,
-    ``lr_scheduler``, ...) for training ``model`` (wrapped or not): nothing for a model of another kind.
+    ``lr_scheduler``, ...) for training ``model`` (wrapped or not): the precision for any model, the scheme's
+    checks for a ``residual_transformer``.
 
     Raises:
         ValueError: a setting the model's scheme cannot honour, naming the fix.
     """
+    warn_without_cuda(cfg)
     model = unwrap_model(model)
     scheme = scheme_of(model)
-    if scheme is None:
-        return
-    warn_fp16_without_cuda(cfg)
-    scheme.check_training(cfg, model)
+    if scheme is not None:
+        scheme.check_training(cfg, model)
 
 
 def _wrap(init):

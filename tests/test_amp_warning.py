@@ -1,6 +1,7 @@
 """--amp without CUDA (fairseq_residual/precision.py): fairseq's AMP is CUDA-only (torch.cuda.amp autocast in
 ``FairseqTask.train_step``, ``torch.cuda.amp.GradScaler`` in ``fairseq/optim/amp_optimizer.py``), so on the CPU
-an ``--amp`` run silently trains in fp32; the plugin says so in a warning."""
+an ``--amp`` run silently trains in fp32; the plugin says so in a warning, from its check of fairseq's Trainer
+(``--fp16`` on a CPU, the same check's other warning: tests/test_training_checks.py)."""
 import argparse
 import logging
 import re
@@ -9,6 +10,7 @@ import pytest
 
 from conftest import USER_DIR
 from inprocess import fairseq_main
+from fairseq_residual.training_checks import namespace_config
 
 TRAIN = [
     "--arch", "residual_transformer_tiny", "--residual-scheme", "post_ln", "--optimizer", "adam", "--lr", "1e-3",
@@ -39,17 +41,15 @@ def _cfg(amp=True, cpu=False, tpu=False):
     [
         (_cfg(cpu=True), True, "--cpu"),  # a GPU machine, run with --cpu
         (_cfg(), False, "no CUDA device"),  # no GPU at all
-        (argparse.Namespace(amp=True, cpu=False), False, "no CUDA device"),  # the args build_model sees
-        (argparse.Namespace(amp=True, cpu=True), True, "--cpu"),
+        (namespace_config(argparse.Namespace(amp=True, cpu=False)), False, "no CUDA device"),  # fairseq-train's args
+        (namespace_config(argparse.Namespace(amp=True, cpu=True)), True, "--cpu"),
     ],
 )
 def test_amp_without_cuda_is_named(cfg, cuda, why, caplog):
     from fairseq_residual import precision
 
-    precision._warned.clear()
     with caplog.at_level(logging.WARNING, logger="fairseq_residual.precision"):
-        assert precision.warn_if_amp_without_cuda(cfg, cuda_available=cuda) is True
-        assert precision.warn_if_amp_without_cuda(cfg, cuda_available=cuda) is True  # logged once only
+        assert len(precision.warn_without_cuda(cfg, cuda_available=cuda)) == 1
     records = [r for r in caplog.records if r.name == "fairseq_residual.precision"]
     assert len(records) == 1 and records[0].levelno == logging.WARNING
     msg = records[0].getMessage()
@@ -59,23 +59,12 @@ def test_amp_without_cuda_is_named(cfg, cuda, why, caplog):
 
 @pytest.mark.parametrize(
     "cfg, cuda",
-    [(_cfg(), True), (_cfg(amp=False, cpu=True), False), (argparse.Namespace(amp=False, cpu=True), False),
-     (argparse.Namespace(), False)],
+    [(_cfg(), True), (_cfg(amp=False, cpu=True), False),
+     (namespace_config(argparse.Namespace(amp=False, cpu=True)), False), (namespace_config(argparse.Namespace()), False)],
 )
 def test_no_warning_with_cuda_or_without_amp(cfg, cuda, caplog):
     from fairseq_residual import precision
 
-    precision._warned.clear()
     with caplog.at_level(logging.WARNING, logger="fairseq_residual.precision"):
-        assert precision.warn_if_amp_without_cuda(cfg, cuda_available=cuda) is False
+        assert precision.warn_without_cuda(cfg, cuda_available=cuda) == []
     assert not [r for r in caplog.records if r.name == "fairseq_residual.precision"]
-
-
-def test_hook_is_fairseqs_amp_optimizer():
-    """The warning comes from where fairseq turns AMP on (Trainer._build_optimizer -> AMPOptimizer), so it
-    covers every task and fairseq-hydra-train; the stock builder still builds the optimizer."""
-    import fairseq_residual  # noqa: F401
-    from fairseq.optim.amp_optimizer import AMPOptimizer
-
-    assert AMPOptimizer.build_optimizer.__func__.__module__ == "fairseq_residual.precision"
-    assert AMPOptimizer.build_optimizer.__wrapped_stock__.__module__ == "fairseq.optim.amp_optimizer"

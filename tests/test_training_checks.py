@@ -46,7 +46,7 @@ CASES = {
         r"without learning-rate warm-up, but the schedule warms up over 9 updates"),
     "fp16-on-a-cpu": (
         "pre_ln", ["--memory-efficient-fp16"], ["--memory-efficient-bf16"], "warning",
-        r"fp16 training on a CPU: .*torch.tensor\(0.0\).cuda\(\), .*--memory-efficient-bf16 also runs"),
+        r"fp16 training on a CPU \((--cpu|no CUDA device)\): .*torch.tensor\(0.0\).cuda\(\), .*--memory-efficient-bf16 also runs"),
 }
 
 
@@ -98,17 +98,27 @@ def test_a_trainer_given_fairseq_trains_argument_namespace_is_checked_too():
     Trainer(args, task, model, task.build_criterion(args))
 
 
-def test_a_model_of_another_kind_is_not_checked():
-    """fairseq's own transformer with Admin's refused settings: the checks belong to residual_transformer."""
+def test_a_model_of_another_kind_gets_the_precision_checks_only(caplog):
+    """fairseq's own transformer: the precision a CPU does not honour is named for it too; Admin's refusal of the
+    same settings belongs to residual_transformer."""
     from fairseq_residual.training_checks import check_training, namespace_config
     from conftest import build_model
 
     model, args, _ = build_model("transformer", "--encoder-layers", 1, "--decoder-layers", 1,
                                  "--encoder-embed-dim", 8, "--decoder-embed-dim", 8, "--encoder-ffn-embed-dim", 8,
                                  "--decoder-ffn-embed-dim", 8, "--encoder-attention-heads", 2,
-                                 "--decoder-attention-heads", 2)
+                                 "--decoder-attention-heads", 2, "--cpu")
+    args.fp16 = args.amp = True
+    with caplog.at_level(logging.WARNING, logger="fairseq_residual"):
+        check_training(namespace_config(args), model)
+    assert len(_warnings(caplog, r"^--amp \(common.amp\) has no effect")) == 1, caplog.text
+    assert len(_warnings(caplog, r"^fp16 training on a CPU \(--cpu\)")) == 1, caplog.text
+    args.fp16 = args.amp = False  # negative control
     args.bf16 = True
-    check_training(namespace_config(args), model)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fairseq_residual"):
+        check_training(namespace_config(args), model)
+    assert _warnings(caplog, "") == [], caplog.text
     tiny, args, _ = build_model("residual_transformer_tiny", "--residual-scheme", "admin")
     args.bf16 = True
     with pytest.raises(ValueError, match="overwrite the omegas"):
