@@ -494,3 +494,35 @@ def test_adjacent_rows_are_compared_on_seed_paired_differences():
     assert [r["row"] for r in rows] == ["resi_dual", "pre_ln", "post_ln"]
     assert rows[0]["vs_next"]["resolved"] and rows[0]["vs_next"]["mean"] == pytest.approx(-0.2, abs=0.02)
     assert not rows[1]["vs_next"]["resolved"] and "vs_next" not in rows[2]
+
+
+def test_how_far_the_order_holds_between_pairs_budgets_and_the_one_seed_screen(tmp_path):
+    """Three rows whose curves cross: Pre-LN leads at 1,000 updates, ResiDual at 3,000; ReZero is last throughout.
+    ResiDual ends 0.3 bits below Pre-LN with 0.3 bits of seed noise (not told apart), the others over 1 bit apart. Post-LN
+    diverged in two of three seeds and is left out. The selection's cells at the chosen rates order the rows as the
+    final seeds do at 1,000 updates; a cell at a rate not chosen (which would reverse them) is not read."""
+    updates = list(range(250, 3001, 250))
+    noise = {2: -0.3, 3: 0.0, 4: 0.3}
+    curves = {"pre_ln": lambda u, s: 7 - u / 1000 + noise[s],                 # 6.0, 5.0, 4.0 at 1000, 2000, 3000
+              "resi_dual": lambda u, s: 7.3 - 1.2 * u / 1000 - noise[s] / 2,  # 6.1, 4.9, 3.7
+              "rezero": lambda u, s: 8 - u / 1000}                             # last throughout
+    results = []
+    for row, curve in curves.items():
+        for seed in (2, 3, 4):
+            r = _result(row, "warm12", seed, curve(3000, seed), lr=4e-3, updates=3000)
+            _cell_files(tmp_path, r, [[u, curve(u, seed)] for u in updates], 0.5)
+            results.append(r)
+    results += [_result("post_ln", "warm12", s, 9.0, "diverged" if s > 2 else "ok", lr=1e-3, updates=3000)
+                for s in (2, 3, 4)]
+    selected = [_result("pre_ln", "warm12", 1, 6.1, lr=4e-3), _result("resi_dual", "warm12", 1, 6.2, lr=4e-3),
+                _result("resi_dual", "warm12", 1, 5.0, lr=2e-3), _result("rezero", "warm12", 1, 7.0, lr=4e-3)]
+    lr_by_row = {"pre_ln": 4e-3, "resi_dual": 4e-3, "rezero": 4e-3, "post_ln": 1e-3}
+    text = ranking.write(str(tmp_path), results, "warm12", lr_by_row, selected=selected)
+    order = json.loads((tmp_path / "ranking.json").read_text())["order"]
+    assert {tuple(p["rows"]): p["resolved"] for p in order["pairs"]} == {
+        ("resi_dual", "pre_ln"): False, ("resi_dual", "rezero"): True, ("pre_ln", "rezero"): True}
+    assert order["within_training"] == {"1000": [2, 3], "2000": [3, 3]}  # crossed between 1,000 and 2,000
+    assert order["one_seed"] == {"updates": 1000, "at_u": [3, 3], "final": [2, 3]}
+    assert "Not told apart: ResiDual / Pre-LN." in text
+    assert "the same at 1000 updates for 2 of 3 pairs (Kendall's tau-a 0.33); at 2000 updates for 3 of 3" in text
+    assert "orders 3 of 3 pairs (Kendall's tau-a 1.00) as the final seeds' mean at 1000 updates" in text

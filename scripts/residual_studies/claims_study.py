@@ -163,7 +163,8 @@ def _write_ranking(args, results, tuned, t0):
     note += f" {args.updates} updates per cell; command: `scripts/claims_study.sh {' '.join(args.argv)}`."
     progress = tuned and _progress(args, tuned, results)
     text = ranking.write(args.out, results, args.rank, tuned and tuned["lr_by_row"], note,
-                         selection=tuned and tuned["table"], progress=progress, idle=getattr(args, "idle", None))
+                         selection=tuned and tuned["table"], progress=progress, idle=getattr(args, "idle", None),
+                         selected=tuned and tuned["selected"])
     print("\n" + text)
     log(f"wrote {os.path.join(args.out, 'ranking.md')}, ranking.json and ranking.png "
         f"({(time.time() - t0) / 60:.1f} min)")

@@ -16,8 +16,13 @@ From the cells' validation curves (every checkpoint) and their measured training
 (docs/results/2026-12-04-ranking-plan.md) fixes them: **equal compute** (:func:`equal_compute`), each row's valid
 nll after the training CPU-seconds Pre-LN needed for the final budget, and the **plateau rule** on the seed-mean
 curve (:data:`CURVE_PLATEAU_FROM`).
+
+**How far the order holds** (:func:`order_stability`): which pairs of rows differ beyond their seeds' spread, how
+far the order at fewer updates (:data:`ORDER_AT`) is the final one, and how far the selection's single seed
+orders the rows as the final seeds do.
 """
 import glob
+import itertools
 import math
 import os
 import re
@@ -50,7 +55,8 @@ def rank(results, condition, lr_by_row=None):
     Returns:
         list of dicts, best first: ``row``, ``label``, ``lr``, ``seeds``, ``diverged``, ``failed``, the
         ``(mean, sd, n)`` of ``valid_nll``, ``bleu``, ``chrf``, ``grad_enc``, ``grad_dec``, ``cos_enc``,
-        ``cos_dec``, their texts under ``text``, ``paper`` (the paper's BLEU, ``"fail"`` or None) and ``rank``.
+        ``cos_dec``, their texts under ``text``, ``paper`` (the paper's BLEU, ``"fail"`` or None), ``broken``
+        (diverged or failed in most seeds), ``rank`` and ``vs_next`` (:func:`paired_difference` to the row below).
     """
     depth, warm = CONDITIONS[condition]
     rows = []
@@ -64,25 +70,108 @@ def rank(results, condition, lr_by_row=None):
                      paper=None if "+" in row else paper_results.paper_bleu("iwslt14", row, depth, warmup=warm),
                      **{k: mean_sd([x[k] for x in m]) for k in keys},
                      text={k: ms_text([x[k] for x in m], 3 if k.startswith("cos") else 2) for k in keys})
+        entry["broken"] = 2 * (entry["diverged"] + entry["failed"]) > entry["seeds"]  # diverged or failed mostly
         rows.append(entry)
 
     def order(e):
-        broken = 2 * (e["diverged"] + e["failed"]) > e["seeds"]
         nll, bleu = e["valid_nll"][0], e["bleu"][0]
-        return (broken or nll is None, nll if nll is not None else math.inf, -(bleu or 0.0))
+        return (e["broken"] or nll is None, nll if nll is not None else math.inf, -(bleu or 0.0))
 
     rows.sort(key=order)
     for i, e in enumerate(rows, 1):
         e["rank"] = i
-    by_seed = {(r["scheme"], r["seed"]): cell_metrics(r)["valid_nll"] for r in results if r["condition"] == condition}
-    for above, below in zip(rows, rows[1:]):  # seed-paired: the same seed numbers of both rows
-        seeds = sorted({s for (row, s) in by_seed if row == above["row"]} & {s for (row, s) in by_seed
-                                                                             if row == below["row"]})
-        diffs = [by_seed[above["row"], s] - by_seed[below["row"], s] for s in seeds
-                 if by_seed[above["row"], s] is not None and by_seed[below["row"], s] is not None]
-        v = verdict(diffs, -1)
-        above["vs_next"] = dict(v, resolved=v["verdict"] != "inconclusive")
+    by_seed = _nll_by_seed(results, condition)
+    for above, below in zip(rows, rows[1:]):
+        above["vs_next"] = paired_difference(by_seed, above["row"], below["row"])
     return rows
+
+
+def _nll_by_seed(results, condition):
+    """``{(row, seed): valid nll or None}`` of the cells at ``condition``."""
+    return {(r["scheme"], r["seed"]): cell_metrics(r)["valid_nll"] for r in results if r["condition"] == condition}
+
+
+def paired_difference(by_seed, a, b):
+    """Row ``a``'s valid nll minus row ``b``'s, seed-paired: over the seed numbers both have (``by_seed``:
+    ``{(row, seed): valid nll or None}``). Returns :func:`.stats.verdict`'s dict (claimed sign negative: ``a``
+    lower) with ``resolved``: the 95% t-interval excludes zero."""
+    seeds = sorted({s for (row, s) in by_seed if row == a} & {s for (row, s) in by_seed if row == b})
+    diffs = [by_seed[a, s] - by_seed[b, s] for s in seeds if by_seed[a, s] is not None and by_seed[b, s] is not None]
+    v = verdict(diffs, -1)
+    return dict(v, resolved=v["verdict"] != "inconclusive")
+
+
+#: the budgets (updates) at which the rows' order is compared with their order at the final budget
+ORDER_AT = (1000, 2000)
+
+
+def same_order(first, second):
+    """How far two orders of the same rows agree: ``(pairs in the same order, pairs compared)`` over the rows
+    both ``{row: value}`` hold a value for (lower first; a tie in either counts as not the same order).
+    Kendall's tau-a is ``(2 same - pairs) / pairs``."""
+    common = [r for r in first if first[r] is not None and second.get(r) is not None]
+    pairs = list(itertools.combinations(common, 2))
+    return sum((first[a] - first[b]) * (second[a] - second[b]) > 0 for a, b in pairs), len(pairs)
+
+
+def order_stability(rows, results, condition, selected=None, lr_by_row=None):
+    """How far the ranking's order can be trusted, three ways, over the rows not diverged in most seeds
+    (``rows``: :func:`rank`'s, with their seed-mean ``equal_compute["curve"]``, ``{updates: valid nll}``):
+
+    * ``pairs``: every pair of rows, its :func:`paired_difference` (not only the neighbours of the table);
+    * ``within_training``: ``{U: (same, pairs)}``, the order of the seed-mean curves at each budget U of
+      :data:`ORDER_AT` below the final one against their order at the final budget (:func:`same_order`);
+    * ``one_seed``: the selection's cell at each row's chosen rate (``selected``: the selection cells, one seed,
+      U updates; ``lr_by_row``: the chosen rates) against the final seeds' mean at U updates (``"at_u"``: seed
+      noise alone) and at the final budget (``"final"``: what the cheap screen predicts); None without them.
+    """
+    kept = [e for e in rows if not e["broken"]]
+    by_seed = _nll_by_seed(results, condition)
+    pairs = [dict(paired_difference(by_seed, a["row"], b["row"]), rows=(a["row"], b["row"]))
+             for a, b in itertools.combinations(kept, 2)]
+    curves = {e["row"]: (e.get("equal_compute") or {}).get("curve") or {} for e in kept}
+    final = max((max(c) for c in curves.values() if c), default=None)
+
+    def at(u):
+        return {row: c.get(u) for row, c in curves.items()}
+
+    within = {u: same_order(at(u), at(final)) for u in ORDER_AT if final and u < final}
+    one_seed = None
+    if selected and lr_by_row:
+        chosen = {r["scheme"]: (cell_metrics(r)["valid_nll"], r["settings"]["updates"]) for r in selected
+                  if r["scheme"] in curves and lr_by_row.get(r["scheme"]) is not None
+                  and math.isclose(r["settings"]["lr"], lr_by_row[r["scheme"]])}
+        budgets = {u for _, u in chosen.values()}
+        if len(budgets) == 1:
+            u = budgets.pop()
+            one = {row: nll for row, (nll, _) in chosen.items()}
+            one_seed = dict(updates=u, at_u=same_order(one, at(u)), final=same_order(one, at(final)))
+    return dict(pairs=pairs, final=final, within_training=within, one_seed=one_seed)
+
+
+def _pairs_text(same, pairs):
+    return f"{same} of {pairs} pairs" + (f" (Kendall's tau-a {(2 * same - pairs) / pairs:.2f})" if pairs else "")
+
+
+def order_text(found):
+    """:func:`order_stability`'s findings as a Markdown list."""
+    pairs = found["pairs"]
+    apart = [p for p in pairs if not p["resolved"]]
+    lines = [f"- **Beyond the seed spread:** {len(pairs) - len(apart)} of {len(pairs)} pairs of rows differ in "
+             "valid nll beyond it (the seed-paired 95% t-interval excludes zero). Not told apart: "
+             + (", ".join(" / ".join(map(row_label, p["rows"])) for p in apart) if apart else "none") + "."]
+    if found["within_training"]:
+        lines.append(f"- **Within training:** the rows' order by seed-mean valid nll against their order at "
+                     f"{found['final']} updates: the same at "
+                     + "; at ".join(f"{u} updates for {_pairs_text(*v)}" for u, v in found["within_training"].items())
+                     + ".")
+    one = found["one_seed"]
+    if one:
+        lines.append(f"- **One seed at {one['updates']} updates:** the selection's cell at each row's chosen rate "
+                     f"orders {_pairs_text(*one['at_u'])} as the final seeds' mean at {one['updates']} updates does "
+                     f"(the seeds' noise alone), and {_pairs_text(*one['final'])} as the final ranking at "
+                     f"{found['final']} does (what the cheap screen predicts).")
+    return "\n".join(lines)
 
 
 def _vs_next(e):
@@ -426,7 +515,8 @@ def archive(out, dest):
     return n
 
 
-def write(out, results, condition, lr_by_row=None, note="", selection=None, progress=None, idle=None):
+def write(out, results, condition, lr_by_row=None, note="", selection=None, progress=None, idle=None,
+          selected=None):
     """``ranking.md``, ``ranking.json``, ``ranking.png`` and ``ranking_curves.png`` in ``out``; returns the
     Markdown text.
 
@@ -438,6 +528,7 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         progress: a Markdown section on what has finished and what it costs (:func:`cost_table`), or None.
         idle: the rows' training time relative to stock Pre-LN on an idle machine (:func:`equal_compute`), or
             None.
+        selected: the selection's cells (one seed per row and rate), for :func:`order_stability`; or None.
     """
     rows = rank(results, condition, lr_by_row)
     budget = max((r.get("reached") or 0 for r in results), default=0)
@@ -447,12 +538,14 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         e["cpu_per_update"], e["equal_compute"], e["plateau"] = q.get("cpu_per_update"), q, q.get("plateau")
         e["plateau_text"] = ("-" if not q.get("curve") else f"stopped at {q['plateau']}" if q.get("plateau")
                              else f"no plateau by {max(q['curve'])}")
+    order = order_stability(rows, results, condition, selected, lr_by_row) if rows else None
     depth = CONDITIONS[condition][0]
     title = f"Every row at {condition} ({depth}+{depth} layers), ranked"
     ranked = [table(rows), "", *([machine_note(found), ""] if machine_note(found) else []),
               paper_results.describe("iwslt14") or "", "", "![ranking](ranking.png)", "",
               "Validation curves against training CPU-seconds (equal compute: where each crosses the dotted line):",
-              "", "![curves](ranking_curves.png)", ""] if rows \
+              "", "![curves](ranking_curves.png)", "",
+              "## How far the order holds", "", order_text(order), ""] if rows \
         else ["No row has a finished final cell yet: the ranking appears when the first do.", ""]
     idle_legend = ("; the same at idle costs: read where each row's cost per update is Pre-LN's measured cost "
                    "times the row's training time relative to Pre-LN's on an idle machine (the speed benchmark at "
@@ -475,7 +568,7 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         *(["## How each row's learning rate was chosen", "", selection, ""] if selection else [])])
     with open(os.path.join(out, "ranking.md"), "w", encoding="utf-8") as f:
         f.write(text)
-    write_json(os.path.join(out, "ranking.json"), dict(condition=condition, rows=rows, cells=results))
+    write_json(os.path.join(out, "ranking.json"), dict(condition=condition, rows=rows, order=order, cells=results))
     if rows:
         plot(rows, os.path.join(out, "ranking.png"), title)
         plot_curves(rows, os.path.join(out, "ranking_curves.png"), f"{title}: valid nll against CPU time")
