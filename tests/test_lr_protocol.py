@@ -497,10 +497,12 @@ def test_adjacent_rows_are_compared_on_seed_paired_differences():
 
 
 def test_how_far_the_order_holds_between_pairs_budgets_and_the_one_seed_screen(tmp_path):
-    """Three rows whose curves cross: Pre-LN leads at 1,000 updates, ResiDual at 3,000; ReZero is last throughout.
-    ResiDual ends 0.3 bits below Pre-LN with 0.3 bits of seed noise (not told apart), the others over 1 bit apart. Post-LN
-    diverged in two of three seeds and is left out. The selection's cells at the chosen rates order the rows as the
-    final seeds do at 1,000 updates; a cell at a rate not chosen (which would reverse them) is not read."""
+    """Three rows whose curves cross: Pre-LN leads at 1,000 updates, ResiDual at 2,000 and 3,000; ReZero is last
+    throughout. ResiDual ends 0.3 bits below Pre-LN with 0.3 bits of seed noise (not told apart), the others over 1
+    bit apart. Post-LN diverged in two of three seeds and is left out; ResiDual's fourth seed diverged at 1,500
+    updates and is left out of its curve as of its valid nll. The selection's cells at the chosen rates order the
+    rows as the final seeds do at 1,000 updates; a cell at a rate not chosen, or at another condition (either would
+    reverse them), is not read."""
     updates = list(range(250, 3001, 250))
     noise = {2: -0.3, 3: 0.0, 4: 0.3}
     curves = {"pre_ln": lambda u, s: 7 - u / 1000 + noise[s],                 # 6.0, 5.0, 4.0 at 1000, 2000, 3000
@@ -512,17 +514,33 @@ def test_how_far_the_order_holds_between_pairs_budgets_and_the_one_seed_screen(t
             r = _result(row, "warm12", seed, curve(3000, seed), lr=4e-3, updates=3000)
             _cell_files(tmp_path, r, [[u, curve(u, seed)] for u in updates], 0.5)
             results.append(r)
+    r = _result("resi_dual", "warm12", 5, 19.0, "diverged", lr=4e-3, updates=3000)
+    _cell_files(tmp_path, r, [[u, 19.0] for u in updates if u <= 1500], 0.5)
+    results.append(r)
     results += [_result("post_ln", "warm12", s, 9.0, "diverged" if s > 2 else "ok", lr=1e-3, updates=3000)
                 for s in (2, 3, 4)]
-    selected = [_result("pre_ln", "warm12", 1, 6.1, lr=4e-3), _result("resi_dual", "warm12", 1, 6.2, lr=4e-3),
-                _result("resi_dual", "warm12", 1, 5.0, lr=2e-3), _result("rezero", "warm12", 1, 7.0, lr=4e-3)]
+    selected = [_result("pre_ln", "warm12", 1, 6.1, lr=0.004000000000000001),  # the chosen rate, up to rounding
+                _result("resi_dual", "warm12", 1, 6.2, lr=4e-3), _result("resi_dual", "warm12", 1, 5.0, lr=2e-3),
+                _result("rezero", "warm12", 1, 7.0, lr=4e-3), _result("rezero", "warm6", 1, 5.5, lr=4e-3)]
     lr_by_row = {"pre_ln": 4e-3, "resi_dual": 4e-3, "rezero": 4e-3, "post_ln": 1e-3}
     text = ranking.write(str(tmp_path), results, "warm12", lr_by_row, selected=selected)
     order = json.loads((tmp_path / "ranking.json").read_text())["order"]
     assert {tuple(p["rows"]): p["resolved"] for p in order["pairs"]} == {
         ("resi_dual", "pre_ln"): False, ("resi_dual", "rezero"): True, ("pre_ln", "rezero"): True}
-    assert order["within_training"] == {"1000": [2, 3], "2000": [3, 3]}  # crossed between 1,000 and 2,000
-    assert order["one_seed"] == {"updates": 1000, "at_u": [3, 3], "final": [2, 3]}
+    # (concordant, discordant, pairs): crossed between 1,000 and 2,000 updates
+    assert order["within_training"] == {"1000": [2, 1, 3], "2000": [3, 0, 3]}
+    assert order["one_seed"] == {"updates": 1000, "at_u": [3, 0, 3], "final": [2, 1, 3]}
     assert "Not told apart: ResiDual / Pre-LN." in text
-    assert "the same at 1000 updates for 2 of 3 pairs (Kendall's tau-a 0.33); at 2000 updates for 3 of 3" in text
-    assert "orders 3 of 3 pairs (Kendall's tau-a 1.00) as the final seeds' mean at 1000 updates" in text
+    assert ("at 1000 updates 2 of 3 pairs in the same order, 1 reversed (Kendall's tau-a 0.33); at 2000 updates 3 "
+            "of 3 pairs in the same order, 0 reversed (Kendall's tau-a 1.00)") in text
+    assert "the seeds' noise alone): 3 of 3 pairs in the same order, 0 reversed" in text
+
+
+@pytest.mark.parametrize("first, second, expected", [
+    ({"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 3, "c": 2}, (2, 1, 3)),
+    ({"a": 1, "b": 1, "c": 2}, {"a": 1, "b": 2, "c": 3}, (2, 0, 3)),     # a tie is neither: tau-a 2/3
+    ({"a": math.nan, "b": 1, "c": 2}, {"a": 1, "b": 2, "c": 3}, (1, 0, 1)),  # NaN and None are left out
+    ({"a": 1, "b": None}, {"a": 1, "b": 2}, (0, 0, 0)),
+])
+def test_same_order_counts_concordant_and_discordant_pairs(first, second, expected):
+    assert ranking.same_order(first, second) == expected

@@ -106,51 +106,62 @@ ORDER_AT = (1000, 2000)
 
 
 def same_order(first, second):
-    """How far two orders of the same rows agree: ``(pairs in the same order, pairs compared)`` over the rows
-    both ``{row: value}`` hold a value for (lower first; a tie in either counts as not the same order).
-    Kendall's tau-a is ``(2 same - pairs) / pairs``."""
-    common = [r for r in first if first[r] is not None and second.get(r) is not None]
+    """How far two orders of the same rows agree, over the rows both ``{row: value}`` hold a finite value for
+    (lower first): ``(concordant, discordant, pairs)``; a pair tied in either is neither. Kendall's tau-a is
+    ``(concordant - discordant) / pairs``."""
+    common = [r for r in first if _finite(first[r]) and _finite(second.get(r))]
     pairs = list(itertools.combinations(common, 2))
-    return sum((first[a] - first[b]) * (second[a] - second[b]) > 0 for a, b in pairs), len(pairs)
+    signs = [(first[a] - first[b]) * (second[a] - second[b]) for a, b in pairs]
+    return sum(x > 0 for x in signs), sum(x < 0 for x in signs), len(pairs)
 
 
-def order_stability(rows, results, condition, selected=None, lr_by_row=None):
+def _finite(value):
+    return value is not None and math.isfinite(value)
+
+
+def order_stability(rows, results, condition, final, selected=None, lr_by_row=None):
     """How far the ranking's order can be trusted, three ways, over the rows not diverged in most seeds
-    (``rows``: :func:`rank`'s, with their seed-mean ``equal_compute["curve"]``, ``{updates: valid nll}``):
+    (``rows``: :func:`rank`'s; the final order is theirs, by mean valid nll at the final budget ``final``):
 
     * ``pairs``: every pair of rows, its :func:`paired_difference` (not only the neighbours of the table);
-    * ``within_training``: ``{U: (same, pairs)}``, the order of the seed-mean curves at each budget U of
-      :data:`ORDER_AT` below the final one against their order at the final budget (:func:`same_order`);
+    * ``within_training``: ``{U: same_order}``, the rows' order on their seed-mean validation curves
+      (``equal_compute["curve"]``, the seeds that trained) at each budget U of :data:`ORDER_AT` below ``final``
+      against the final order (:func:`same_order`);
     * ``one_seed``: the selection's cell at each row's chosen rate (``selected``: the selection cells, one seed,
-      U updates; ``lr_by_row``: the chosen rates) against the final seeds' mean at U updates (``"at_u"``: seed
-      noise alone) and at the final budget (``"final"``: what the cheap screen predicts); None without them.
+      U updates, at ``condition``; ``lr_by_row``: the chosen rates) against the final seeds' mean at U updates
+      (``"at_u"``: the seeds' noise alone) and against the final order (``"final"``: what the cheap screen
+      predicts); None without them.
     """
     kept = [e for e in rows if not e["broken"]]
     by_seed = _nll_by_seed(results, condition)
     pairs = [dict(paired_difference(by_seed, a["row"], b["row"]), rows=(a["row"], b["row"]))
              for a, b in itertools.combinations(kept, 2)]
     curves = {e["row"]: (e.get("equal_compute") or {}).get("curve") or {} for e in kept}
-    final = max((max(c) for c in curves.values() if c), default=None)
+    last = {e["row"]: e["valid_nll"][0] for e in kept}
 
     def at(u):
         return {row: c.get(u) for row, c in curves.items()}
 
-    within = {u: same_order(at(u), at(final)) for u in ORDER_AT if final and u < final}
+    within = {u: same_order(at(u), last) for u in ORDER_AT if u < final}
     one_seed = None
     if selected and lr_by_row:
         chosen = {r["scheme"]: (cell_metrics(r)["valid_nll"], r["settings"]["updates"]) for r in selected
-                  if r["scheme"] in curves and lr_by_row.get(r["scheme"]) is not None
+                  if r["scheme"] in last and r["condition"] == condition and lr_by_row.get(r["scheme"]) is not None
                   and math.isclose(r["settings"]["lr"], lr_by_row[r["scheme"]])}
         budgets = {u for _, u in chosen.values()}
         if len(budgets) == 1:
             u = budgets.pop()
             one = {row: nll for row, (nll, _) in chosen.items()}
-            one_seed = dict(updates=u, at_u=same_order(one, at(u)), final=same_order(one, at(final)))
+            one_seed = dict(updates=u, at_u=same_order(one, at(u)), final=same_order(one, last))
     return dict(pairs=pairs, final=final, within_training=within, one_seed=one_seed)
 
 
-def _pairs_text(same, pairs):
-    return f"{same} of {pairs} pairs" + (f" (Kendall's tau-a {(2 * same - pairs) / pairs:.2f})" if pairs else "")
+def _order_text(concordant, discordant, pairs):
+    if not pairs:
+        return "no pair (fewer than two rows)"
+    tied = pairs - concordant - discordant
+    return (f"{concordant} of {pairs} pairs in the same order, {discordant} reversed"
+            + (f", {tied} tied" if tied else "") + f" (Kendall's tau-a {(concordant - discordant) / pairs:.2f})")
 
 
 def order_text(found):
@@ -161,16 +172,16 @@ def order_text(found):
              "valid nll beyond it (the seed-paired 95% t-interval excludes zero). Not told apart: "
              + (", ".join(" / ".join(map(row_label, p["rows"])) for p in apart) if apart else "none") + "."]
     if found["within_training"]:
-        lines.append(f"- **Within training:** the rows' order by seed-mean valid nll against their order at "
-                     f"{found['final']} updates: the same at "
-                     + "; at ".join(f"{u} updates for {_pairs_text(*v)}" for u, v in found["within_training"].items())
+        lines.append(f"- **Within training:** the rows' order by seed-mean valid nll against the ranking's (at "
+                     f"{found['final']} updates): at "
+                     + "; at ".join(f"{u} updates {_order_text(*v)}" for u, v in found["within_training"].items())
                      + ".")
     one = found["one_seed"]
     if one:
-        lines.append(f"- **One seed at {one['updates']} updates:** the selection's cell at each row's chosen rate "
-                     f"orders {_pairs_text(*one['at_u'])} as the final seeds' mean at {one['updates']} updates does "
-                     f"(the seeds' noise alone), and {_pairs_text(*one['final'])} as the final ranking at "
-                     f"{found['final']} does (what the cheap screen predicts).")
+        lines.append(f"- **One seed at {one['updates']} updates:** the selection's cell at each row's chosen rate, "
+                     f"against the final seeds' mean at {one['updates']} updates (the seeds' noise alone): "
+                     f"{_order_text(*one['at_u'])}; against the ranking at {found['final']} updates (what the "
+                     f"cheap screen predicts): {_order_text(*one['final'])}.")
     return "\n".join(lines)
 
 
@@ -371,7 +382,9 @@ def equal_compute(out, results, budget, idle=None):
 
     Returns:
         ``{row: {"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound", "plateau", "curve",
-        "machines"[, "idle"]}}``; machines: those the row's cells trained on (:func:`cell_machine`).
+        "machines"[, "idle"]}}``; curve: ``{updates: valid nll}``, the mean over the seeds that did not diverge or
+        fail (over all where none did) at the validations they share; machines: those the row's cells trained on
+        (:func:`cell_machine`).
     """
     cells = {}
     for r in results:
@@ -384,10 +397,12 @@ def equal_compute(out, results, budget, idle=None):
     total = rate.get(BASELINE) and rate[BASELINE] * budget
     found = {}
     for row, mine in cells.items():
-        curves = [[tuple(p) for p in cell_curve(os.path.join(out, "cells", r["cell"]))] for r in mine if r.get("cell")]
-        curves = [c for c in curves if c]
-        by_update = [dict(c) for c in curves]
-        common = sorted(set.intersection(*(set(d) for d in by_update))) if curves else []
+        read = [(r["status"] == "ok", [tuple(p) for p in cell_curve(os.path.join(out, "cells", r["cell"]))])
+                for r in mine if r.get("cell")]
+        curves = [c for _, c in read if c]
+        # the seed-mean curve of the seeds that trained (those the ranking's valid nll averages), else of all
+        by_update = [dict(c) for ok, c in read if ok and c] or [dict(c) for c in curves]
+        common = sorted(set.intersection(*(set(d) for d in by_update))) if by_update else []
         mean_curve = {u: mean_sd([d[u] for d in by_update])[0] for u in common}
         entry = dict(_read_at(curves, total, rate[row], budget), curve=mean_curve,
                      plateau=plateau(mean_curve, start=CURVE_PLATEAU_FROM),
@@ -538,7 +553,7 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         e["cpu_per_update"], e["equal_compute"], e["plateau"] = q.get("cpu_per_update"), q, q.get("plateau")
         e["plateau_text"] = ("-" if not q.get("curve") else f"stopped at {q['plateau']}" if q.get("plateau")
                              else f"no plateau by {max(q['curve'])}")
-    order = order_stability(rows, results, condition, selected, lr_by_row) if rows else None
+    order = order_stability(rows, results, condition, budget, selected, lr_by_row) if rows else None
     depth = CONDITIONS[condition][0]
     title = f"Every row at {condition} ({depth}+{depth} layers), ranked"
     ranked = [table(rows), "", *([machine_note(found), ""] if machine_note(found) else []),
