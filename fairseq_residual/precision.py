@@ -48,8 +48,9 @@ def amp_without_cuda(cfg, cuda_available: Optional[bool] = None) -> Optional[str
 
 
 def fp16_without_cuda(cfg, cuda_available: Optional[bool] = None) -> Optional[str]:
-    """Why the fp16 training of fairseq config ``cfg`` (``cfg.common.fp16``, which ``--memory-efficient-fp16`` also
-    sets) will fail at its first loss-scale overflow, or None (no fp16, or a CUDA run); as :func:`amp_without_cuda`."""
+    """Why the fp16 training of fairseq config ``cfg`` (``cfg.common.fp16``; fairseq-train's parser sets it for
+    ``--memory-efficient-fp16`` too) will fail at its first loss-scale overflow, or None (no fp16, or a CUDA
+    run); as :func:`amp_without_cuda`."""
     return _not_on_cuda(cfg, cuda_available) if setting(cfg, "common", "fp16", False) else None
 
 
@@ -64,14 +65,14 @@ def warn_without_cuda(cfg, cuda_available: Optional[bool] = None) -> List[str]:
     if why is not None:
         messages.append(
             f"--amp (common.amp) has no effect: fairseq's AMP is CUDA-only (torch.cuda.amp autocast and "
-            f"GradScaler) and this run is on the CPU ({why}), so it trains in fp32 (loss_scale stays 1). On the "
+            f"GradScaler) and this run is not on CUDA ({why}), so it trains in fp32 (loss_scale stays 1). On the "
             f"CPU drop --amp; for mixed precision train on a GPU (--amp; --bf16/--fp16 also need a GPU in "
             f"stock fairseq)"
         )
     why = fp16_without_cuda(cfg, cuda_available)
     if why is not None:
         messages.append(
-            f"fp16 training on a CPU ({why}): fairseq's Trainer answers each gradient overflow of its loss scaler "
+            f"fp16 training without CUDA ({why}): fairseq's Trainer answers each gradient overflow of its loss scaler "
             "(its first overflows are normal: the scale starts at --fp16-init-scale and halves on each) with "
             "torch.tensor(0.0).cuda(), which fails without CUDA ('Torch not compiled with CUDA enabled'); on a "
             "CPU train in fp32, or in bf16 (fairseq-hydra-train common.bf16=true "

@@ -53,7 +53,7 @@ def test_amp_without_cuda_is_named(cfg, cuda, why, caplog):
     records = [r for r in caplog.records if r.name == "fairseq_residual.precision"]
     assert len(records) == 1 and records[0].levelno == logging.WARNING
     msg = records[0].getMessage()
-    assert f"this run is on the CPU ({why})" in msg and "trains in fp32" in msg
+    assert f"this run is not on CUDA ({why})" in msg and "trains in fp32" in msg
     assert "--bf16/--fp16 also need a GPU in stock fairseq" in msg and "drop --amp" in msg
 
 

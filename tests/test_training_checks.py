@@ -46,7 +46,8 @@ CASES = {
         r"without learning-rate warm-up, but the schedule warms up over 9 updates"),
     "fp16-on-a-cpu": (
         "pre_ln", ["--memory-efficient-fp16"], ["--memory-efficient-bf16"], "warning",
-        r"fp16 training on a CPU \((--cpu|no CUDA device)\): .*torch.tensor\(0.0\).cuda\(\), .*--memory-efficient-bf16 also runs"),
+        r"fp16 training without CUDA \((--cpu|no CUDA device)\): .*torch.tensor\(0.0\).cuda\(\), "
+        r".*--memory-efficient-bf16 also runs"),
 }
 
 
@@ -108,17 +109,17 @@ def test_a_model_of_another_kind_gets_the_precision_checks_only(caplog):
                                  "--encoder-embed-dim", 8, "--decoder-embed-dim", 8, "--encoder-ffn-embed-dim", 8,
                                  "--decoder-ffn-embed-dim", 8, "--encoder-attention-heads", 2,
                                  "--decoder-attention-heads", 2, "--cpu")
-    args.fp16 = args.amp = True
-    with caplog.at_level(logging.WARNING, logger="fairseq_residual"):
-        check_training(namespace_config(args), model)
-    assert len(_warnings(caplog, r"^--amp \(common.amp\) has no effect")) == 1, caplog.text
-    assert len(_warnings(caplog, r"^fp16 training on a CPU \(--cpu\)")) == 1, caplog.text
-    args.fp16 = args.amp = False  # negative control
+    for flag, message in (("amp", r"^--amp \(common.amp\) has no effect"),
+                          ("fp16", r"^fp16 training without CUDA \(--cpu\)"),
+                          ("bf16", None)):  # bf16: the negative control
+        setattr(args, flag, True)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="fairseq_residual"):
+            check_training(namespace_config(args), model)
+        assert len(_warnings(caplog, "")) == (message is not None), caplog.text
+        assert message is None or len(_warnings(caplog, message)) == 1, caplog.text
+        setattr(args, flag, False)
     args.bf16 = True
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="fairseq_residual"):
-        check_training(namespace_config(args), model)
-    assert _warnings(caplog, "") == [], caplog.text
     tiny, args, _ = build_model("residual_transformer_tiny", "--residual-scheme", "admin")
     args.bf16 = True
     with pytest.raises(ValueError, match="overwrite the omegas"):
