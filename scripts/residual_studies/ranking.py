@@ -18,8 +18,8 @@ nll after the training CPU-seconds Pre-LN needed for the final budget, and the *
 curve (:data:`CURVE_PLATEAU_FROM`).
 
 **How far the order holds** (:func:`order_stability`): which pairs of rows differ beyond their seeds' spread, how
-far the order at fewer updates (:data:`ORDER_AT`) is the final one, and how far the selection's single seed
-orders the rows as the final seeds do.
+far the order at fewer updates (:data:`ORDER_AT`) is the final one, how far the selection's single seed orders
+the rows as the final seeds do, and which pairs the paper's IWSLT14 table orders the other way.
 """
 import glob
 import itertools
@@ -130,7 +130,9 @@ def order_stability(rows, results, condition, final, selected=None, lr_by_row=No
     * ``one_seed``: the selection's cell at each row's chosen rate (``selected``: the selection cells, one seed,
       U updates, at ``condition``; ``lr_by_row``: the chosen rates) against the final seeds' mean at U updates
       (``"at_u"``: the seeds' noise alone) and against the final order (``"final"``: what the cheap screen
-      predicts); None without them.
+      predicts); None without them;
+    * ``paper``: every pair of rows with a paper number (:func:`rank`'s ``paper``: higher BLEU first, a ``fail``
+      last), ``{"rows", "agrees" (True, False, or None for a tie in the paper), "here": paired_difference}``.
     """
     kept = [e for e in rows if not e["broken"]]
     by_seed = _nll_by_seed(results, condition)
@@ -153,7 +155,13 @@ def order_stability(rows, results, condition, final, selected=None, lr_by_row=No
             u = budgets.pop()
             one = {row: nll for row, (nll, _) in chosen.items()}
             one_seed = dict(updates=u, at_u=same_order(one, at(u)), final=same_order(one, last))
-    return dict(pairs=pairs, final=final, within_training=within, one_seed=one_seed)
+    paper = {e["row"]: (0.0 if e["paper"] == "fail" else -e["paper"]) for e in kept if e.get("paper") is not None}
+    by_pair = {p["rows"]: p for p in pairs}
+    versus = [dict(rows=(a, b), here=by_pair[a, b], agrees=None if paper[a] == paper[b] else
+                   (paper[a] - paper[b]) * (last[a] - last[b]) > 0)
+              for a, b in itertools.combinations([e["row"] for e in kept if e["row"] in paper], 2)
+              if _finite(last[a]) and _finite(last[b])]
+    return dict(pairs=pairs, final=final, within_training=within, one_seed=one_seed, paper=versus)
 
 
 def _order_text(concordant, discordant, pairs):
@@ -182,6 +190,17 @@ def order_text(found):
                      f"against the final seeds' mean at {one['updates']} updates (the seeds' noise alone): "
                      f"{_order_text(*one['at_u'])}; against the ranking at {found['final']} updates (what the "
                      f"cheap screen predicts): {_order_text(*one['final'])}.")
+    versus = found["paper"]
+    if versus:
+        reversed_ = [p for p in versus if p["agrees"] is False]
+        text = "; ".join(
+            f"{row_label(p['rows'][0])} / {row_label(p['rows'][1])} (here {row_label(p['rows'][0])} is lower by "
+            f"{-p['here']['mean']:.3f} bits" + (f" ± {p['here']['ci']:.3f}" if p["here"]["ci"] is not None else "")
+            + (", beyond the seed spread)" if p["here"]["resolved"] else ", not told apart)") for p in reversed_)
+        lines.append(f"- **Against the paper:** of {len(versus)} pairs of rows with a number in the paper's IWSLT14 "
+                     f"table, {sum(p['agrees'] is True for p in versus)} are in the paper's order (its higher BLEU, "
+                     f"here the lower valid nll), {len(reversed_)} reversed"
+                     + (f": {text}" if reversed_ else "") + ".")
     return "\n".join(lines)
 
 
