@@ -546,13 +546,13 @@ def test_same_order_counts_concordant_and_discordant_pairs(first, second, expect
     assert ranking.same_order(first, second) == expected
 
 
-def test_the_order_is_read_against_the_papers_table():
+def test_the_order_is_read_against_the_papers_table_and_in_bleu():
     """The paper's IWSLT14 12+12 BLEU orders T-Fixup (35.45) above DeepNorm (35.39) above Pre-LN (35.18), and its
     failed Post-LN last; here Pre-LN is lowest: its two pairs with T-Fixup and DeepNorm are named as reversed, the
     other four agree. A row without a paper number (ReZero) is in no pair."""
-    results = [_result(row, "warm12", s, nll + 0.001 * s) for row, nll in
-               (("pre_ln", 5.0), ("t_fixup", 5.1), ("deepnorm", 5.2), ("post_ln", 7.0), ("rezero", 4.0))
-               for s in (2, 3, 4)]
+    results = [_result(row, "warm12", s, nll + 0.001 * s, bleu=bleu + 0.01 * s) for row, nll, bleu in
+               (("pre_ln", 5.0, 4.0), ("t_fixup", 5.1, 4.2), ("deepnorm", 5.2, 3.9), ("post_ln", 7.0, 0.1),
+                ("rezero", 4.0, 5.0)) for s in (2, 3, 4)]
     rows = ranking.rank(results, "warm12")
     found = ranking.order_stability(rows, results, "warm12", 3000)
     assert {p["rows"]: p["agrees"] for p in found["paper"]} == {
@@ -562,3 +562,7 @@ def test_the_order_is_read_against_the_papers_table():
     assert ("of 6 pairs of rows with a number in the paper's IWSLT14 table, 4 are in the paper's order (its higher "
             "BLEU, here the lower valid nll), 2 reversed: Pre-LN / T-Fixup (here Pre-LN is lower by 0.100 bits ± "
             "0.000, beyond the seed spread); Pre-LN / DeepNorm (here Pre-LN is lower by 0.200") in text
+    # BLEU orders Pre-LN / T-Fixup the other way too: one pair of ten reversed against the valid nll
+    assert found["bleu_order"] == (9, 1, 10) and all(p["bleu"]["resolved"] for p in found["pairs"])
+    assert ("In BLEU:** 10 of 10 pairs differ beyond the seed spread; the rows' BLEU order (higher first) against "
+            "their valid-nll order: 9 of 10 pairs in the same order, 1 reversed") in text

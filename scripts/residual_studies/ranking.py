@@ -80,20 +80,20 @@ def rank(results, condition, lr_by_row=None):
     rows.sort(key=order)
     for i, e in enumerate(rows, 1):
         e["rank"] = i
-    by_seed = _nll_by_seed(results, condition)
+    by_seed = _by_seed(results, condition)
     for above, below in zip(rows, rows[1:]):
         above["vs_next"] = paired_difference(by_seed, above["row"], below["row"])
     return rows
 
 
-def _nll_by_seed(results, condition):
-    """``{(row, seed): valid nll or None}`` of the cells at ``condition``."""
-    return {(r["scheme"], r["seed"]): cell_metrics(r)["valid_nll"] for r in results if r["condition"] == condition}
+def _by_seed(results, condition, metric="valid_nll"):
+    """``{(row, seed): metric or None}`` (:func:`.claims.cell_metrics`' ``metric``) of the cells at ``condition``."""
+    return {(r["scheme"], r["seed"]): cell_metrics(r)[metric] for r in results if r["condition"] == condition}
 
 
 def paired_difference(by_seed, a, b):
-    """Row ``a``'s valid nll minus row ``b``'s, seed-paired: over the seed numbers both have (``by_seed``:
-    ``{(row, seed): valid nll or None}``). Returns :func:`.stats.verdict`'s dict (claimed sign negative: ``a``
+    """Row ``a``'s valid nll (or another metric) minus row ``b``'s, seed-paired: over the seed numbers both have
+    (``by_seed``: ``{(row, seed): value or None}``, :func:`_by_seed`). Returns :func:`.stats.verdict`'s dict (claimed sign negative: ``a``
     lower) with ``resolved``: the 95% t-interval excludes zero."""
     seeds = sorted({s for (row, s) in by_seed if row == a} & {s for (row, s) in by_seed if row == b})
     diffs = [by_seed[a, s] - by_seed[b, s] for s in seeds if by_seed[a, s] is not None and by_seed[b, s] is not None]
@@ -119,11 +119,17 @@ def _finite(value):
     return value is not None and math.isfinite(value)
 
 
+def _negated(value):
+    return None if value is None else -value
+
+
 def order_stability(rows, results, condition, final, selected=None, lr_by_row=None):
     """How far the ranking's order can be trusted, three ways, over the rows not diverged in most seeds
     (``rows``: :func:`rank`'s; the final order is theirs, by mean valid nll at the final budget ``final``):
 
-    * ``pairs``: every pair of rows, its :func:`paired_difference` (not only the neighbours of the table);
+    * ``pairs``: every pair of rows, its :func:`paired_difference` (not only the neighbours of the table), and
+      under ``"bleu"`` the same in BLEU; ``bleu_order``: the rows' order by mean BLEU (higher first) against the
+      ranking's (:func:`same_order`);
     * ``within_training``: ``{U: same_order}``, the rows' order on their seed-mean validation curves
       (``equal_compute["curve"]``, the seeds that trained) at each budget U of :data:`ORDER_AT` below ``final``
       against the final order (:func:`same_order`);
@@ -135,8 +141,9 @@ def order_stability(rows, results, condition, final, selected=None, lr_by_row=No
       last), ``{"rows", "agrees" (True, False, or None for a tie in the paper), "here": paired_difference}``.
     """
     kept = [e for e in rows if not e["broken"]]
-    by_seed = _nll_by_seed(results, condition)
-    pairs = [dict(paired_difference(by_seed, a["row"], b["row"]), rows=(a["row"], b["row"]))
+    by_seed, bleu_by_seed = _by_seed(results, condition), _by_seed(results, condition, "bleu")
+    pairs = [dict(paired_difference(by_seed, a["row"], b["row"]), rows=(a["row"], b["row"]),
+                  bleu=paired_difference(bleu_by_seed, a["row"], b["row"]))
              for a, b in itertools.combinations(kept, 2)]
     curves = {e["row"]: (e.get("equal_compute") or {}).get("curve") or {} for e in kept}
     last = {e["row"]: e["valid_nll"][0] for e in kept}
@@ -161,7 +168,9 @@ def order_stability(rows, results, condition, final, selected=None, lr_by_row=No
                    (paper[a] - paper[b]) * (last[a] - last[b]) > 0)
               for a, b in itertools.combinations([e["row"] for e in kept if e["row"] in paper], 2)
               if _finite(last[a]) and _finite(last[b])]
-    return dict(pairs=pairs, final=final, within_training=within, one_seed=one_seed, paper=versus)
+    bleu_order = same_order({e["row"]: _negated(e["bleu"][0]) for e in kept}, last)
+    return dict(pairs=pairs, bleu_order=bleu_order, final=final, within_training=within, one_seed=one_seed,
+                paper=versus)
 
 
 def _order_text(concordant, discordant, pairs):
@@ -178,7 +187,10 @@ def order_text(found):
     apart = [p for p in pairs if not p["resolved"]]
     lines = [f"- **Beyond the seed spread:** {len(pairs) - len(apart)} of {len(pairs)} pairs of rows differ in "
              "valid nll beyond it (the seed-paired 95% t-interval excludes zero). Not told apart: "
-             + (", ".join(" / ".join(map(row_label, p["rows"])) for p in apart) if apart else "none") + "."]
+             + (", ".join(" / ".join(map(row_label, p["rows"])) for p in apart) if apart else "none") + ".",
+             f"- **In BLEU:** {sum(p['bleu']['resolved'] for p in pairs)} of {len(pairs)} pairs differ beyond the seed "
+             f"spread; the rows' BLEU order (higher first) against their valid-nll order: "
+             f"{_order_text(*found['bleu_order'])}."]
     if found["within_training"]:
         lines.append(f"- **Within training:** the rows' order by seed-mean valid nll against the ranking's (at "
                      f"{found['final']} updates): at "
