@@ -566,3 +566,12 @@ def test_the_order_is_read_against_the_papers_table_and_in_bleu():
     assert found["bleu_order"] == (9, 1, 10) and all(p["bleu"]["resolved"] for p in found["pairs"])
     assert ("In BLEU:** 10 of 10 pairs differ beyond the seed spread; the rows' BLEU order (higher first) against "
             "their valid-nll order: 9 of 10 pairs in the same order, 1 reversed") in text
+
+
+def test_a_reversed_pair_without_common_seeds_says_so():
+    """Admin (the paper's 35.67) behind Pre-LN (35.18) on other seed numbers: reversed, with nothing to pair."""
+    results = [_result("pre_ln", "warm12", s, 5.0 + 0.01 * s) for s in (2, 3, 4)]
+    results += [_result("admin", "warm12", s, 5.5 + 0.01 * s) for s in (5, 6, 7)]
+    found = ranking.order_stability(ranking.rank(results, "warm12"), results, "warm12", 3000)
+    assert [p["agrees"] for p in found["paper"]] == [False]
+    assert "1 reversed: Pre-LN / Admin (no seed in common here)." in ranking.order_text(found)

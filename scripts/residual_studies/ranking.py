@@ -93,8 +93,8 @@ def _by_seed(results, condition, metric="valid_nll"):
 
 def paired_difference(by_seed, a, b):
     """Row ``a``'s valid nll (or another metric) minus row ``b``'s, seed-paired: over the seed numbers both have
-    (``by_seed``: ``{(row, seed): value or None}``, :func:`_by_seed`). Returns :func:`.stats.verdict`'s dict (claimed sign negative: ``a``
-    lower) with ``resolved``: the 95% t-interval excludes zero."""
+    (``by_seed``: ``{(row, seed): value or None}``, :func:`_by_seed`). Returns :func:`.stats.verdict`'s dict
+    (claimed sign negative: ``a`` lower) with ``resolved``: the 95% t-interval excludes zero."""
     seeds = sorted({s for (row, s) in by_seed if row == a} & {s for (row, s) in by_seed if row == b})
     diffs = [by_seed[a, s] - by_seed[b, s] for s in seeds if by_seed[a, s] is not None and by_seed[b, s] is not None]
     v = verdict(diffs, -1)
@@ -124,7 +124,7 @@ def _negated(value):
 
 
 def order_stability(rows, results, condition, final, selected=None, lr_by_row=None):
-    """How far the ranking's order can be trusted, three ways, over the rows not diverged in most seeds
+    """How far the ranking's order can be trusted, over the rows not diverged in most seeds
     (``rows``: :func:`rank`'s; the final order is theirs, by mean valid nll at the final budget ``final``):
 
     * ``pairs``: every pair of rows, its :func:`paired_difference` (not only the neighbours of the table), and
@@ -181,6 +181,16 @@ def _order_text(concordant, discordant, pairs):
             + (f", {tied} tied" if tied else "") + f" (Kendall's tau-a {(concordant - discordant) / pairs:.2f})")
 
 
+def _here(pair):
+    """A reversed pair's seed-paired difference here, in words."""
+    here, first = pair["here"], row_label(pair["rows"][0])
+    if here["mean"] is None:
+        return "no seed in common here"
+    ci = f" ± {here['ci']:.3f}" if here["ci"] is not None else ""
+    return (f"here {first} is lower by {-here['mean']:.3f} bits{ci}, "
+            + ("beyond the seed spread" if here["resolved"] else "not told apart"))
+
+
 def order_text(found):
     """:func:`order_stability`'s findings as a Markdown list."""
     pairs = found["pairs"]
@@ -205,10 +215,7 @@ def order_text(found):
     versus = found["paper"]
     if versus:
         reversed_ = [p for p in versus if p["agrees"] is False]
-        text = "; ".join(
-            f"{row_label(p['rows'][0])} / {row_label(p['rows'][1])} (here {row_label(p['rows'][0])} is lower by "
-            f"{-p['here']['mean']:.3f} bits" + (f" ± {p['here']['ci']:.3f}" if p["here"]["ci"] is not None else "")
-            + (", beyond the seed spread)" if p["here"]["resolved"] else ", not told apart)") for p in reversed_)
+        text = "; ".join(f"{row_label(p['rows'][0])} / {row_label(p['rows'][1])} ({_here(p)})" for p in reversed_)
         lines.append(f"- **Against the paper:** of {len(versus)} pairs of rows with a number in the paper's IWSLT14 "
                      f"table, {sum(p['agrees'] is True for p in versus)} are in the paper's order (its higher BLEU, "
                      f"here the lower valid nll), {len(reversed_)} reversed"
