@@ -14,7 +14,8 @@ fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving
 scheme's hook after every optimizer step: nGPT's renormalisation), ``training_checks`` (the scheme's check of the
 training settings, which fairseq-hydra-train's model config lacks), ``pruning`` (loading
 models pruned with ``--*-layers-to-keep``, also trained pruned),
-``precision`` (warns of mixed precision a run without CUDA does not honour: ``--amp`` trains in fp32, ``--fp16`` fails), ``cli_help`` (``--help`` lists
+``process_group`` (a gloo process group is destroyed before the interpreter shuts down, so that a finished
+torchrun run exits 0), ``precision`` (warns of mixed precision a run without CUDA does not honour: ``--amp`` trains in fp32, ``--fp16`` fails), ``cli_help`` (``--help`` lists
 the presets), ``paper_results`` (the ResiDual paper's numbers, ``paper_results.json``).
 ``analyze`` (the ``fairseq-residual-analyze`` command) registers nothing: not imported here. The study
 tooling is not part of the package: it runs from the checkout (``scripts/residual_studies``).
@@ -26,5 +27,5 @@ check_single_copy(__name__, __file__)  # before any registration: one copy of th
 
 from . import (  # noqa: E402,F401
     checkpoint_compat, checkpoint_safety, cli_help, config, encoder_decoder, layers, lr_scheduler, model, optim_groups,
-    optimizer_step, precision, schemes, tasks, training_checks,
+    optimizer_step, precision, process_group, schemes, tasks, training_checks,
 )
