@@ -8,8 +8,8 @@ aborts the process: ``terminate called without an active exception``, exit signa
 and the last checkpoint have finished. torchrun reports the whole run as failed and stops the other ranks with
 SIGTERM. Reported upstream as pytorch/pytorch#190489; a fix in torch (an ``atexit`` hook in
 ``init_process_group``, pytorch/pytorch#179291) was proposed and abandoned. Measured with torch 2.13.0 on a
-2-core CPU, two-rank torchrun runs of a script that all-reduces and exits: without destroying its group, 5 of 30 and 3 of 30 aborted
-so; 0 of 30 with the group destroyed by hand, 0 of 30 with this plugin imported.
+2-core CPU, two-rank torchrun runs of a script that all-reduces and exits: without destroying its group, 5 of 30
+and 3 of 30 aborted so; 0 of 30 with the group destroyed by hand, 0 of 30 with this plugin imported.
 
 Importing the plugin registers :func:`destroy_gloo_group` with :mod:`atexit`, which runs while the interpreter is
 still whole. It does nothing unless a default process group exists and uses gloo: NCCL's groups are left as
