@@ -30,10 +30,10 @@ def test_amp_on_cpu_training_logs_a_warning(tiny_data_bin):
     assert re.search(r"done training", out)
 
 
-def _cfg(amp=True, cpu=False, tpu=False):
+def _cfg(amp=True, cpu=False, tpu=False, fp16=False):
     from omegaconf import OmegaConf
 
-    return OmegaConf.create({"common": {"amp": amp, "cpu": cpu, "tpu": tpu}})
+    return OmegaConf.create({"common": {"amp": amp, "cpu": cpu, "tpu": tpu, "fp16": fp16}})
 
 
 @pytest.mark.parametrize(
@@ -60,6 +60,7 @@ def test_amp_without_cuda_is_named(cfg, cuda, why, caplog):
 @pytest.mark.parametrize(
     "cfg, cuda",
     [(_cfg(), True), (_cfg(amp=False, cpu=True), False),
+     (_cfg(cpu=True, fp16=True), False),  # fairseq's Trainer refuses --amp with --fp16 right after
      (namespace_config(argparse.Namespace(amp=False, cpu=True)), False), (namespace_config(argparse.Namespace()), False)],
 )
 def test_no_warning_with_cuda_or_without_amp(cfg, cuda, caplog):
