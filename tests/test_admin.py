@@ -3,7 +3,6 @@ forward against a transcription: tests/test_conformance.py), the profile file (r
 a 2-process gloo run, and fairseq-train / fairseq-generate through the CLI."""
 import logging
 import math
-import os
 import re
 import sys
 import textwrap
@@ -290,7 +289,7 @@ def test_two_process_gloo_run_uses_one_profile(tiny_data_bin, tmp_path):
     dump.mkdir()
     save = tmp_path / "ckpt"
     env_cmd = ["env", f"ADMIN_DUMP={dump}", "torchrun", "--nnodes", "1", "--nproc_per_node", "2",
-               "--master_port", str(29500 + os.getpid() % 1000), wrapper]
+               "--standalone", wrapper]
     run_cli([*env_cmd, data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 3,
              *TRAIN_FLAGS, "--cpu", "--distributed-world-size", 2, "--distributed-backend", "gloo",
              "--distributed-init-method", "env://", "--distributed-no-spawn", "--ddp-backend", "legacy_ddp"],

@@ -29,7 +29,6 @@ And one real ``fairseq-train`` with two processes (torchrun, gloo, ``legacy_ddp`
 fairseq's data sharding included.
 """
 import json
-import os
 
 import numpy as np
 import pytest
@@ -55,14 +54,10 @@ def fp32_tolerance(updates, lr, largest_value):
     return updates * (4 * ulp + lr * 16 * float(np.spacing(np.float32(CLIP))))
 
 
-def _port():
-    return str(29500 + os.getpid() % 1000)
-
-
 @pytest.fixture(scope="module")
 def ddp_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp") / "ddp.json"
-    run_cli(["torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--master_port", _port(),
+    run_cli(["torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--standalone",
              REPO / "scripts" / "ddp_check.py", "--pairwise", "--out", out], timeout=900)
     return json.loads(out.read_text())
 
@@ -115,7 +110,7 @@ def test_fairseq_train_with_two_processes_equals_one_process(tiny_data_bin, tmp_
     update. On CPU fairseq-train under torchrun needs its rank and init method on the command line (it
     otherwise divides by the CUDA device count)."""
     _, data_bin = tiny_data_bin
-    run_cli(["torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--master_port", _port(), "--no-python",
+    run_cli(["torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--standalone", "--no-python",
              "sh", "-c", 'exec fairseq-train "$@" --distributed-rank "$RANK"', "sh", data_bin, *TRAIN,
              "--save-dir", tmp_path / "ddp", "--distributed-world-size", "2", "--distributed-init-method", "env://",
              "--distributed-no-spawn", "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"])
