@@ -58,12 +58,14 @@ def warn_without_cuda(cfg, cuda_available: Optional[bool] = None) -> List[str]:
     """Log a WARNING for each mixed-precision setting of fairseq config ``cfg`` that a run without CUDA does not
     honour (``--amp``: trains in fp32; ``--fp16``: fails at its first overflow). Returns the messages logged.
     ``--amp`` with ``--fp16`` gets none: fairseq's ``Trainer`` refuses the pair next ('Cannot use fp16 and AMP
-    together'), and a warning that the run trains in fp32 would say otherwise.
+    together', an assert outside ``--ddp-backend fully_sharded``), and a warning that the run trains in fp32 would
+    say otherwise.
 
     Args: as :func:`amp_without_cuda`.
     """
     messages = []
-    if setting(cfg, "common", "amp", False) and setting(cfg, "common", "fp16", False):
+    if (setting(cfg, "common", "amp", False) and setting(cfg, "common", "fp16", False)
+            and setting(cfg, "distributed_training", "ddp_backend", None) != "fully_sharded"):
         return messages
     why = amp_without_cuda(cfg, cuda_available)
     if why is not None:

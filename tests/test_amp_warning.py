@@ -69,3 +69,14 @@ def test_no_warning_with_cuda_or_without_amp(cfg, cuda, caplog):
     with caplog.at_level(logging.WARNING, logger="fairseq_residual.precision"):
         assert precision.warn_without_cuda(cfg, cuda_available=cuda) == []
     assert not [r for r in caplog.records if r.name == "fairseq_residual.precision"]
+
+
+def test_amp_with_fp16_under_fsdp_keeps_the_warnings(caplog):
+    """fairseq's refusal of --amp with --fp16 sits outside --ddp-backend fully_sharded: there the warnings stay."""
+    from omegaconf import OmegaConf
+
+    from fairseq_residual import precision
+
+    cfg = OmegaConf.create({"common": {"amp": True, "fp16": True, "cpu": True},
+                            "distributed_training": {"ddp_backend": "fully_sharded"}})
+    assert len(precision.warn_without_cuda(cfg, cuda_available=False)) == 2
