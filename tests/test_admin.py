@@ -277,6 +277,10 @@ DIST_WRAPPER = textwrap.dedent(
     model = trainers[0].get_model()
     torch.save({n: t.detach().clone() for n, t in model.state_dict().items()
                 if n.endswith(".omega") or ".residual.profile" in n}, f"{out}/final.{rank}.pt")
+    # hold no Trainer (and through it fairseq's gloo group) past the script, so that the plugin's exit hook
+    # ends the group's threads while the interpreter is whole (fairseq_residual/process_group.py)
+    del model
+    trainers.clear()
     """
 )
 
