@@ -445,6 +445,10 @@ def test_equal_compute_reads_each_row_at_pre_lns_cpu_seconds_and_the_curve_gives
     text = ranking.write(str(tmp_path), results, "warm12")
     assert "6.030 ± 0.010 at 1500 updates" in text and "an upper bound" in text
     assert "stopped at 3000" in text and "no plateau by 3000" in text
+    # the lowest point of each seed-mean curve: Pre-LN's last validation, ReZero's first of its flat end
+    assert found["pre_ln"]["lowest"] == (3000, pytest.approx(5.03), 0)
+    assert found["rezero"]["lowest"] == (2000, pytest.approx(5.53), 0)
+    assert "| 5.030 at 3000 |" in text and "| 5.530 at 2000 |" in text
     assert (tmp_path / "ranking_curves.png").stat().st_size > 10_000
     assert "the same at idle costs" not in text
     # idle-machine ratios: hyper-connections 1.5x Pre-LN's time (idle ratio 1.0 for Pre-LN x 1.02 of noise), so
@@ -457,6 +461,17 @@ def test_equal_compute_reads_each_row_at_pre_lns_cpu_seconds_and_the_curve_gives
     assert found["rezero"]["idle"]["updates"] is None
     text = ranking.write(str(tmp_path), results, "warm12", idle=idle)
     assert "the same at idle costs" in text and "5.030 ± 0.010 at 2000 updates" in text
+
+
+def test_the_lowest_point_of_a_curve_and_its_rise_after():
+    """A curve that falls, bottoms out and rises (over-fitting): its lowest validation and the rise to the last;
+    unmeasured points are skipped; the table says both."""
+    curve = {250: 7.0, 500: 6.0, 750: None, 1000: 5.5, 1250: 5.6, 1500: float("nan"), 1750: 5.8}
+    assert ranking.lowest_point(curve) == (1000, 5.5, pytest.approx(0.3))
+    assert ranking.lowest_point({}) is None and ranking.lowest_point({250: None}) is None
+    assert ranking._lowest({"equal_compute": {"lowest": (1000, 5.5, 0.3)}}) == "5.500 at 1000, then +0.300 by the end"
+    assert ranking._lowest({"equal_compute": {"lowest": (3000, 5.0, 0)}}) == "5.000 at 3000"
+    assert ranking._lowest({}) == "-"
 
 
 def test_idle_costs_are_the_speed_benchmarks_paired_training_ratios(tmp_path, capsys):

@@ -251,13 +251,14 @@ def table(rows):
     return markdown_table(
         ["rank", "scheme", "lr", "seeds", "diverged", "valid nll", "vs next (paired, 95% CI)", "BLEU", "chrF",
          "grad L1/top enc / dec", "cos top enc / dec", "CPU-s / update", "valid nll at Pre-LN's CPU-s",
-         *(["the same at idle costs"] if idle else []), "plateau (curve)", "paper BLEU (IWSLT14)"],
+         *(["the same at idle costs"] if idle else []), "plateau (curve)", "lowest on the curve (updates)",
+         "paper BLEU (IWSLT14)"],
         [[e["rank"], e["label"], f"{e['lr']:g}", e["seeds"],
           f"{e['diverged']}" + (f" (+{e['failed']} failed)" if e["failed"] else ""),
           e["text"]["valid_nll"], _vs_next(e), e["text"]["bleu"], e["text"]["chrf"],
           f"{e['text']['grad_enc']} / {e['text']['grad_dec']}", f"{e['text']['cos_enc']} / {e['text']['cos_dec']}",
           "-" if e.get("cpu_per_update") is None else f"{e['cpu_per_update']:.3f}", _equal(e),
-          *([_equal(e, "idle")] if idle else []), e.get("plateau_text", "-"),
+          *([_equal(e, "idle")] if idle else []), e.get("plateau_text", "-"), _lowest(e),
           "-" if e["paper"] is None else str(e["paper"])] for e in rows])
 
 
@@ -419,10 +420,10 @@ def equal_compute(out, results, budget, idle=None):
             load the cells ran under.
 
     Returns:
-        ``{row: {"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound", "plateau", "curve",
-        "machines"[, "idle"]}}``; curve: ``{updates: valid nll}``, the mean over the seeds that did not diverge or
-        fail (over all where none did) at the validations they share; machines: those the row's cells trained on
-        (:func:`cell_machine`).
+        ``{row: {"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound", "plateau", "lowest",
+        "curve", "machines"[, "idle"]}}``; curve: ``{updates: valid nll}``, the mean over the seeds that did not
+        diverge or fail (over all where none did) at the validations they share; lowest: :func:`lowest_point` of
+        the curve; machines: those the row's cells trained on (:func:`cell_machine`).
     """
     cells = {}
     for r in results:
@@ -443,7 +444,7 @@ def equal_compute(out, results, budget, idle=None):
         common = sorted(set.intersection(*(set(d) for d in by_update))) if by_update else []
         mean_curve = {u: mean_sd([d[u] for d in by_update])[0] for u in common}
         entry = dict(_read_at(curves, total, rate[row], budget), curve=mean_curve,
-                     plateau=plateau(mean_curve, start=CURVE_PLATEAU_FROM),
+                     plateau=plateau(mean_curve, start=CURVE_PLATEAU_FROM), lowest=lowest_point(mean_curve),
                      machines=sorted({cell_machine(os.path.join(out, "cells", r["cell"])) or "unrecorded"
                                       for r in mine if r.get("cell")}))
         if idle is not None:
@@ -452,6 +453,27 @@ def equal_compute(out, results, budget, idle=None):
             entry["idle"] = _read_at(curves, total, idle_rate or None, budget)
         found[row] = entry
     return found
+
+
+def lowest_point(curve):
+    """The lowest point of a seed-mean validation curve ``{updates: valid nll}`` and how far the curve rose after
+    it: ``(updates, nll, rise)`` with ``rise`` = the nll at the curve's last validation minus the lowest (0 when
+    the lowest is the last; the earliest of equal lows); None for an empty curve. A rise is over-fitting (or
+    instability) by the final budget, which the ranking, by the plan, still reads at the final budget."""
+    points = [(u, v) for u, v in sorted(curve.items()) if _finite(v)]
+    if not points:
+        return None
+    u, v = min(points, key=lambda p: p[1])
+    return u, v, points[-1][1] - v
+
+
+def _lowest(e):
+    """The table's "lowest on the curve" cell of row ``e``."""
+    low = (e.get("equal_compute") or {}).get("lowest")
+    if not low:
+        return "-"
+    u, v, rise = low
+    return f"{v:.3f} at {u:.0f}" + (f", then +{rise:.3f} by the end" if rise > 0 else "")
 
 
 def machine_note(found) -> str:
@@ -615,7 +637,9 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         f"final-budget value, an upper bound){idle_legend}. Plateau: the first validation at or after "
         f"{CURVE_PLATEAU_FROM} updates less than 0.03 bits below the one 1,000 updates earlier, on the seed-mean "
         "curve; 'no plateau' makes the ranking one of training speed to the final budget, not of converged "
-        "models. " + note, "",
+        "models. Lowest on the curve: the seed-mean curve's lowest validation, and how far it rose by the final "
+        "budget (a rise is over-fitting or instability; the ranking stays at the final budget, as the plan "
+        "registers). " + note, "",
         *(["## Progress", "", progress, ""] if progress else []),
         *ranked,
         *(["## How each row's learning rate was chosen", "", selection, ""] if selection else [])])
