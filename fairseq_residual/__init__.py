@@ -14,9 +14,10 @@ fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving
 scheme's hook after every optimizer step: nGPT's renormalisation), ``training_checks`` (the scheme's check of the
 training settings, which fairseq-hydra-train's model config lacks), ``pruning`` (loading
 models pruned with ``--*-layers-to-keep``, also trained pruned),
-``process_group`` (a gloo process group is destroyed before the interpreter shuts down, so that a finished
-torchrun run exits 0), ``precision`` (warns of mixed precision a run without CUDA does not honour: ``--amp``
-trains in fp32, ``--fp16`` fails), ``cli_help`` (``--help`` lists the presets), ``paper_results`` (the ResiDual paper's numbers, ``paper_results.json``).
+``process_group`` (gloo process groups end before the interpreter shuts down, so that a finished torchrun run
+exits 0), ``precision`` (warns of mixed precision a run without CUDA does not honour: ``--amp`` trains in fp32,
+``--fp16`` fails), ``cli_help`` (``--help`` lists the presets), ``paper_results`` (the ResiDual paper's numbers,
+``paper_results.json``).
 ``analyze`` (the ``fairseq-residual-analyze`` command) registers nothing: not imported here. The study
 tooling is not part of the package: it runs from the checkout (``scripts/residual_studies``).
 ``registration_guard`` refuses a second copy of the plugin in one process.
