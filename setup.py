@@ -31,6 +31,7 @@ setup(
         "sacremoses>=0.0.53",
         "subword-nmt>=0.3.8",
         "matplotlib>=3.5",
+        "scipy>=1.7",  # Student's t quantiles of the studies' intervals (fairseq-fixed pulls it in too)
         "tensorboardX>=2.5",
     ],
     # pytest < 9: pytest-xdist's --dist loadgroup (the Makefile's) renames item._nodeid, which pytest 9 no longer

@@ -13,6 +13,7 @@
 import json
 import math
 import os
+import statistics
 import subprocess
 
 import pytest
@@ -56,7 +57,30 @@ def test_verdict(diffs, sign, word):
     if len(vals) > 1:
         sd = math.sqrt(sum((d - sum(vals) / len(vals)) ** 2 for d in vals) / (len(vals) - 1))
         assert v["sd"] == pytest.approx(sd)
-        assert v["ci"] == pytest.approx(stats.T95[len(vals) - 1] * sd / math.sqrt(len(vals)))
+        assert v["ci"] == pytest.approx(stats.t95(len(vals) - 1) * sd / math.sqrt(len(vals)))
+
+
+@pytest.mark.parametrize("df, quantile", [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042), (120, 1.980)])
+def test_t95_is_students_quantile(df, quantile):
+    # two-sided 95% points of Student's t as printed in the NIST/SEMATECH e-Handbook, table 1.3.6.7.2
+    assert stats.t95(df) == pytest.approx(quantile, abs=5e-4)
+
+
+@pytest.mark.parametrize("df", [0, -1, 2.5, True])
+def test_t95_refuses_bad_degrees_of_freedom(df):
+    with pytest.raises(ValueError, match="positive integer"):
+        stats.t95(df)
+
+
+def test_verdict_uses_t_beyond_ten_seeds():
+    # eleven differences whose mean is 2.1 standard errors above zero: inside t(10)'s 2.228, outside 1.96
+    z = [-1.5, -1.2, -0.9, -0.6, -0.3, 0.0, 0.3, 0.6, 0.9, 1.2, 1.5]
+    unit = statistics.stdev(z)
+    diffs = [2.1 / math.sqrt(11) + v / unit for v in z]
+    v = stats.verdict(diffs, +1)
+    assert v["mean"] / (v["sd"] / math.sqrt(11)) == pytest.approx(2.1)
+    assert v["verdict"] == "inconclusive"
+    assert stats.verdict([d + 0.2 for d in diffs], +1)["verdict"] == "holds"  # 2.76 standard errors: resolved
 
 
 def fake_cell(scheme, condition, seed, nll=None, bleu=None, status="ok"):
