@@ -1,4 +1,4 @@
-"""The generated tables of README.md and docs/schemes.md match the registry, and the documentation's references
+"""The generated tables of README.md, docs/schemes.md and docs/usage.md match the registry, and the documentation's references
 point at real files.
 
 Fast: no process starts (the tables are built in-process by ``fairseq_residual.schemes.docs``).
@@ -37,7 +37,7 @@ def test_readme_generated_blocks_match_the_registry():
         assert not stale, (f"{os.path.relpath(path, REPO)}'s generated blocks {', '.join(stale)} differ from what "
                            f"the scheme registry generates: run {WRITE_COMMAND}")
         checked += len(names)
-    assert checked == 4  # the scheme, options, recipes and compat tables
+    assert checked == 5  # the scheme, options, recipes, compat and presets tables
 
 
 def test_every_scheme_option_is_in_the_options_table():

@@ -1,8 +1,8 @@
 """``python -m fairseq_residual.schemes``: the registry's tables.
 
     python -m fairseq_residual.schemes                          # the scheme table (Markdown)
-    python -m fairseq_residual.schemes --table options          # schemes, options, recipes or compat
-    python -m fairseq_residual.schemes --write-readme README.md # rewrite the generated blocks of README.md and docs/schemes.md
+    python -m fairseq_residual.schemes --table options          # schemes, options, recipes, compat or presets
+    python -m fairseq_residual.schemes --write-readme README.md # rewrite the generated blocks of README.md, docs/schemes.md and docs/usage.md
     python -m fairseq_residual.schemes --check README.md        # exit 1 when a block differs
 
 The tables are built by :mod:`fairseq_residual.schemes.docs` from the schemes' attributes and options and
@@ -20,7 +20,7 @@ def main(argv=None) -> int:
                         help="the table to print (default: schemes)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--write-readme", metavar="README",
-                       help="rewrite the generated blocks of this README and of the pages beside it (docs/schemes.md)")
+                       help="rewrite the generated blocks of this README and of the pages beside it (docs/schemes.md, docs/usage.md)")
     group.add_argument("--check", metavar="README",
                        help="exit 1 when a generated block of this README or of the pages beside it differs")
     args = parser.parse_args(argv)

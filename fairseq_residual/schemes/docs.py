@@ -1,4 +1,5 @@
-"""The scheme tables of README.md and docs/schemes.md, generated from the registry: one home for every scheme fact.
+"""The scheme tables of README.md and docs/schemes.md, and the presets table of docs/usage.md, generated from the
+registry and the presets' code: one home for every scheme fact.
 
 Each scheme's formulas, initialisation, sources, recipe and fp16 advice are attributes of its class
 (:class:`~fairseq_residual.schemes.base.ResidualScheme`), its options are its :attr:`OPTIONS`, and what it
@@ -6,7 +7,7 @@ refuses is what its code refuses: :func:`refusals` builds a small model of every
 option of :data:`PROBES` through fairseq's own parser and registry and records which builds fail. The
 tables are written between marker lines of the pages of :data:`PAGES` (README.md: the scheme and options
 tables, what a user chooses from; docs/schemes.md: each scheme's recommended training and what it accepts of
-fairseq's options, which grow by a paragraph and a wide row per scheme)::
+fairseq's options, which grow by a paragraph and a wide row per scheme; docs/usage.md: the ``--arch`` presets)::
 
     <!-- BEGIN generated: schemes -->
     ...
@@ -234,8 +235,34 @@ def compat_table() -> List[str]:
                    "other options refused", "`--norm`", "TorchScript", "`--retain-dropout-modules`", "fp16 / bf16"], rows)
 
 
+def presets_table() -> List[str]:
+    """(e) every architecture preset of ``fairseq_residual/model.py`` (``--arch``), with the settings it gives a
+    model when the command line sets none: each preset function applied to an empty namespace, as fairseq
+    applies it (``fairseq.models.ARCH_CONFIG_REGISTRY``)."""
+    import argparse
+
+    from ..model import MODEL_NAME, PRESETS, residual_tiny
+
+    presets = dict(PRESETS, **{f"{MODEL_NAME}_tiny": residual_tiny})
+    rows = []
+    for name, preset in presets.items():
+        a = argparse.Namespace()
+        preset(a)
+        shared = ("all (encoder, decoder, output)" if a.share_all_embeddings else
+                  "decoder input and output" if a.share_decoder_input_output_embed else "none")
+        source = " ".join((preset.__doc__ or "").split()).split(". ")[0].rstrip(".").replace("``", "`")
+        rows.append([f"`{name}`", f"{a.encoder_layers}+{a.decoder_layers}",
+                     f"{a.encoder_embed_dim} / {a.encoder_ffn_embed_dim} / {a.encoder_attention_heads}",
+                     f"{a.dropout:g} / {a.attention_dropout:g} / {a.activation_dropout:g}", shared,
+                     f"{a.resi_dual_scale:g}", source])
+    return _table(["preset (`--arch`)", "layers", "width / FFN / heads", "dropout / attention / activation",
+                   "shared embeddings", "ResiDual's c (`--resi-dual-scale`)", "source"], rows,
+                  ["---", "---:", "---:", "---:", "---", "---:", "---"])
+
+
 #: block name -> its generator
-BLOCKS = {"schemes": scheme_table, "options": options_table, "recipes": recipes, "compat": compat_table}
+BLOCKS = {"schemes": scheme_table, "options": options_table, "recipes": recipes, "compat": compat_table,
+          "presets": presets_table}
 
 
 def block(name: str) -> str:
@@ -247,7 +274,8 @@ def _pattern(name: str):
 
 
 #: page (relative to the checkout's root, where README.md is) -> the blocks it holds
-PAGES = {"README.md": ("schemes", "options"), os.path.join("docs", "schemes.md"): ("recipes", "compat")}
+PAGES = {"README.md": ("schemes", "options"), os.path.join("docs", "schemes.md"): ("recipes", "compat"),
+         os.path.join("docs", "usage.md"): ("presets",)}
 
 
 def render(text: str, names=tuple(BLOCKS)) -> str:
