@@ -96,7 +96,7 @@ class FakeTrain:
                 return 1, 1.0
             nll = outcome + 0.01 * seed + (0.2 if opt("--warmup-updates") == "1" else 0.0)
             for u in range(1, updates + 1):
-                log.write(f'| train_inner | {{"num_updates": "{u}", "loss": "{nll + 1}"}}\n')
+                log.write(f'| train_inner | {{"num_updates": "{u}", "loss": "{nll + 1}", "nll_loss": "{nll - 1 + u}"}}\n')
             log.write(f'| valid | {{"valid_loss": "{nll + 0.5}", "valid_nll_loss": "{nll}", '
                       f'"valid_ppl": "{2 ** nll}", "valid_num_updates": "{updates}"}}\n')
         with open(os.path.join(opt("--save-dir"), "checkpoint_last.pt"), "w") as f:
@@ -220,6 +220,10 @@ def test_the_archive_holds_each_finished_cells_small_files_and_resumes_the_study
         assert {"settings.json", "train_state.json", "curve.json"} <= files
         if json.loads((archive / "cells" / name / "train_state.json").read_text())["status"] == "ok":
             assert json.loads((archive / "cells" / name / "curve.json").read_text())[-1][0] == 4
+            # the training nll between validations: the stand-in logs nll - 1 + u at updates 1-4, validates at 4
+            valid = json.loads((archive / "cells" / name / "curve.json").read_text())[-1][1]
+            trained = json.loads((archive / "cells" / name / "train_curve.json").read_text())
+            assert trained == [[4, pytest.approx(valid - 1 + 2.5)]]
         assert json.loads((archive / "cells" / name / "cost.json").read_text())["machine"] == ranking.this_machine()
     assert (archive / "ranking.md").read_text() == (out / "ranking.md").read_text()
     # a new machine: the archived cells in a new study folder, the same command trains nothing
@@ -385,10 +389,12 @@ def test_a_cells_cost_counts_the_updates_its_recorded_process_trained(tmp_path):
     assert ranking.training_cost(str(run_dir), result) == (10.0, 1000)
 
 
-def _cell_files(out, r, curve, cpu_per_update):
+def _cell_files(out, r, curve, cpu_per_update, train_curve=None):
     run_dir = out / "cells" / r["cell"]
     run_dir.mkdir(parents=True)
     (run_dir / "curve.json").write_text(json.dumps(curve))
+    if train_curve is not None:
+        (run_dir / "train_curve.json").write_text(json.dumps(train_curve))
     (run_dir / "cost.json").write_text(json.dumps({"train_cpu_s": cpu_per_update * r["reached"],
                                                    "trained_updates": r["reached"]}))
 
@@ -432,9 +438,13 @@ def test_equal_compute_reads_each_row_at_pre_lns_cpu_seconds_and_the_curve_gives
                              ("rezero", 0.25, lambda u, s: 7.5 - min(u, 2000) / 1000 + 0.01 * s)):
         for seed in (2, 3, 4):
             r = _result(row, "warm12", seed, curve(3000, seed), updates=3000)
-            _cell_files(tmp_path, r, [[u, curve(u, seed)] for u in updates], rate)
+            # training nll 1 bit below the valid nll; ReZero's cells were archived before it was kept
+            _cell_files(tmp_path, r, [[u, curve(u, seed)] for u in updates], rate,
+                        None if row == "rezero" else [[u, curve(u, seed) - 1] for u in updates])
             results.append(r)
     found = ranking.equal_compute(str(tmp_path), results, 3000)
+    assert found["pre_ln"]["train_nll"][0] == pytest.approx(4.03) and found["pre_ln"]["train_text"] == "4.030 ± 0.010"
+    assert found["rezero"]["train_nll"] == (None, None, 0) and found["rezero"]["train_text"] == "-"
     assert found["pre_ln"]["updates"] == pytest.approx(3000) and not found["pre_ln"]["bound"]
     hc = found["hyper_connections"]
     assert hc["updates"] == pytest.approx(1500) and hc["nll"][0] == pytest.approx(9 - 3 + 0.03)
@@ -448,7 +458,7 @@ def test_equal_compute_reads_each_row_at_pre_lns_cpu_seconds_and_the_curve_gives
     # the lowest point of each seed-mean curve: Pre-LN's last validation, ReZero's first of its flat end
     assert found["pre_ln"]["lowest"] == (3000, pytest.approx(5.03), 0)
     assert found["rezero"]["lowest"] == (2000, pytest.approx(5.53), 0)
-    assert "| 5.030 at 3000 |" in text and "| 5.530 at 2000 |" in text
+    assert "| 5.030 at 3000 | 4.030 ± 0.010 |" in text and "| 5.530 at 2000 | - |" in text
     assert (tmp_path / "ranking_curves.png").stat().st_size > 10_000
     assert "the same at idle costs" not in text
     # idle-machine ratios: hyper-connections 1.5x Pre-LN's time (idle ratio 1.0 for Pre-LN x 1.02 of noise), so
@@ -461,6 +471,26 @@ def test_equal_compute_reads_each_row_at_pre_lns_cpu_seconds_and_the_curve_gives
     assert found["rezero"]["idle"]["updates"] is None
     text = ranking.write(str(tmp_path), results, "warm12", idle=idle)
     assert "the same at idle costs" in text and "5.030 ± 0.010 at 2000 updates" in text
+
+
+def test_a_cells_training_curve_is_its_training_nll_between_validations(tmp_path):
+    """The mean of the train_inner records after each validation and up to the next; a resumed run's repeated
+    updates count once, with the later record; a record without nll_loss is skipped."""
+    lines = [f'| train_inner | {{"num_updates": "{u}", "nll_loss": "{10 - u / 100}"}}' for u in (25, 50, 75, 100)]
+    lines += ['| valid | {"valid_nll_loss": "9.5", "valid_num_updates": "50"}',
+              '| valid | {"valid_nll_loss": "9.0", "valid_num_updates": "100"}',
+              '| train_inner | {"num_updates": "125", "loss": "8.0"}',
+              '| train_inner | {"num_updates": "100", "nll_loss": "7.0"}',  # resumed from update 75
+              '| train_inner | {"num_updates": "150", "nll_loss": "6.0"}',
+              '| valid | {"valid_nll_loss": "8.5", "valid_num_updates": "150"}']
+    (tmp_path / "train-u150.log").write_text("\n".join(lines) + "\n")
+    assert ranking.train_curve(str(tmp_path)) == [[50, pytest.approx(9.625)], [100, pytest.approx(8.125)],
+                                                  [150, 6.0]]
+    assert ranking.cell_train_curve(str(tmp_path)) == ranking.train_curve(str(tmp_path))
+    os.remove(tmp_path / "train-u150.log")  # an archived cell: its train_curve.json
+    assert ranking.cell_train_curve(str(tmp_path)) == []
+    (tmp_path / "train_curve.json").write_text(json.dumps([[150, 6.0]]))
+    assert ranking.cell_train_curve(str(tmp_path)) == [[150, 6.0]]
 
 
 def test_the_lowest_point_of_a_curve_and_its_rise_after():

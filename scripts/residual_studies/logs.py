@@ -80,6 +80,18 @@ def valid_nll_by_update(train_log):
     return out
 
 
+def train_nll_by_update(train_log):
+    """``{updates: training nll}`` from fairseq's ``train_inner`` records of a training log (bits per token, with
+    dropout, each the mean over the ``--log-interval`` updates up to ``updates``); a resumed run logs some updates
+    twice, and the later record wins."""
+    out = {}
+    for rec in read_train_log(train_log)["train_inner"]:
+        u, v = number(rec.get("num_updates")), number(rec.get("nll_loss"))
+        if u is not None and v is not None:
+            out[int(u)] = v
+    return out
+
+
 def read_generate(path):
     """Parse ``fairseq-generate`` output.
 

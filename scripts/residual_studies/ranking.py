@@ -27,13 +27,14 @@ import math
 import os
 import re
 import shutil
+import statistics
 
 from fairseq_residual import paper_results
 
 from .claims import CONDITIONS, cell_metrics, row_color, row_label
 from .claims_report import plateau
 from .files import read_json, write_json
-from .logs import valid_nll_by_update
+from .logs import train_nll_by_update, valid_nll_by_update
 from .report import _pyplot, markdown_table
 from .stats import mean_sd, ms_text, verdict
 
@@ -252,13 +253,14 @@ def table(rows):
         ["rank", "scheme", "lr", "seeds", "diverged", "valid nll", "vs next (paired, 95% CI)", "BLEU", "chrF",
          "grad L1/top enc / dec", "cos top enc / dec", "CPU-s / update", "valid nll at Pre-LN's CPU-s",
          *(["the same at idle costs"] if idle else []), "plateau (curve)", "lowest on the curve (updates)",
-         "paper BLEU (IWSLT14)"],
+         "training nll at the end", "paper BLEU (IWSLT14)"],
         [[e["rank"], e["label"], f"{e['lr']:g}", e["seeds"],
           f"{e['diverged']}" + (f" (+{e['failed']} failed)" if e["failed"] else ""),
           e["text"]["valid_nll"], _vs_next(e), e["text"]["bleu"], e["text"]["chrf"],
           f"{e['text']['grad_enc']} / {e['text']['grad_dec']}", f"{e['text']['cos_enc']} / {e['text']['cos_dec']}",
           "-" if e.get("cpu_per_update") is None else f"{e['cpu_per_update']:.3f}", _equal(e),
           *([_equal(e, "idle")] if idle else []), e.get("plateau_text", "-"), _lowest(e),
+          (e.get("equal_compute") or {}).get("train_text") or "-",
           "-" if e["paper"] is None else str(e["paper"])] for e in rows])
 
 
@@ -381,6 +383,12 @@ def cell_curve(run_dir):
     return valid_curve(run_dir) or read_json(os.path.join(run_dir, "curve.json")) or []
 
 
+def cell_train_curve(run_dir):
+    """A cell's training curve ``[[updates, training nll], ...]``: from its logs (:func:`train_curve`), or the
+    archived ``train_curve.json`` (absent for a cell archived before it was kept)."""
+    return train_curve(run_dir) or read_json(os.path.join(run_dir, "train_curve.json")) or []
+
+
 def _at(curve, updates):
     """The curve's valid nll at ``updates``, linearly interpolated between validations; None outside."""
     for (u0, v0), (u1, v1) in zip(curve, curve[1:]):
@@ -421,9 +429,11 @@ def equal_compute(out, results, budget, idle=None):
 
     Returns:
         ``{row: {"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound", "plateau", "lowest",
-        "curve", "machines"[, "idle"]}}``; curve: ``{updates: valid nll}``, the mean over the seeds that did not
-        diverge or fail (over all where none did) at the validations they share; lowest: :func:`lowest_point` of
-        the curve; machines: those the row's cells trained on (:func:`cell_machine`).
+        "curve", "train_nll": (mean, sd, n), "train_text", "machines"[, "idle"]}}``; curve: ``{updates: valid
+        nll}``, the mean over the seeds that did not diverge or fail (over all where none did) at the validations
+        they share; lowest: :func:`lowest_point` of the curve; train_nll: the same seeds' training nll over the
+        last validation interval before ``budget`` (:func:`cell_train_curve`; n = 0 where no cell has it);
+        machines: those the row's cells trained on (:func:`cell_machine`).
     """
     cells = {}
     for r in results:
@@ -443,7 +453,10 @@ def equal_compute(out, results, budget, idle=None):
         by_update = [dict(c) for ok, c in read if ok and c] or [dict(c) for c in curves]
         common = sorted(set.intersection(*(set(d) for d in by_update))) if by_update else []
         mean_curve = {u: mean_sd([d[u] for d in by_update])[0] for u in common}
+        trained = [dict(map(tuple, cell_train_curve(os.path.join(out, "cells", r["cell"])))).get(budget)
+                   for r in mine if r.get("cell") and (r["status"] == "ok" or not any(ok for ok, _ in read))]
         entry = dict(_read_at(curves, total, rate[row], budget), curve=mean_curve,
+                     train_nll=mean_sd(trained), train_text=ms_text(trained, 3),
                      plateau=plateau(mean_curve, start=CURVE_PLATEAU_FROM), lowest=lowest_point(mean_curve),
                      machines=sorted({cell_machine(os.path.join(out, "cells", r["cell"])) or "unrecorded"
                                       for r in mine if r.get("cell")}))
@@ -549,6 +562,23 @@ def valid_curve(run_dir):
     return [[u, points[u]] for u in sorted(points)]
 
 
+def train_curve(run_dir):
+    """A cell's training nll between its validations, from its fairseq logs (``train-u*.log``): ``[[updates,
+    nll in bits], ...]``, one point per validation ``updates`` of :func:`valid_curve`, the mean of the
+    ``train_inner`` records (:func:`.logs.train_nll_by_update`, every ``--log-interval`` updates, with dropout)
+    logged after the previous validation and up to it; a validation without such records has no point."""
+    records = {}
+    for path in sorted(glob.glob(os.path.join(run_dir, "train-u*.log"))):
+        records.update(train_nll_by_update(path))
+    points, previous = [], 0
+    for u, _ in valid_curve(run_dir):
+        window = [v for n, v in records.items() if previous < n <= u]
+        if window:
+            points.append([u, statistics.fmean(window)])
+        previous = u
+    return points
+
+
 #: a finished cell's small files that the archive keeps (never checkpoints or logs)
 ARCHIVED = ("settings.json", "train_state.json", "budgets/u*/result.json", "budgets/u*/analysis/analysis.json")
 
@@ -556,7 +586,8 @@ ARCHIVED = ("settings.json", "train_state.json", "budgets/u*/result.json", "budg
 def archive(out, dest):
     """Copy every finished cell's small files from the study folder ``out`` into ``dest/cells`` (the same
     layout, plus ``curve.json``, its validation curve, :func:`cell_curve` (from its logs, or from the archive a
-    cell restored from one brought), and ``cost.json``, its training
+    cell restored from one brought), ``train_curve.json``, its training nll between validations,
+    :func:`cell_train_curve`, and ``cost.json``, its training
     CPU-seconds and the updates they trained, :func:`training_cost`, and the machine they ran on,
     :func:`cell_machine`: costs measured on different CPUs do not compare), so that the report can be
     rebuilt, and the study resumed on another machine, from what a repository holds: copy ``dest/cells``
@@ -576,6 +607,10 @@ def archive(out, dest):
                 shutil.copyfile(src, dst)
         with open(os.path.join(target, "curve.json"), "w", encoding="utf-8") as f:
             json.dump(cell_curve(run_dir), f)
+        trained_curve = cell_train_curve(run_dir)
+        if trained_curve:
+            with open(os.path.join(target, "train_curve.json"), "w", encoding="utf-8") as f:
+                json.dump(trained_curve, f)
         result = read_json(sorted(glob.glob(os.path.join(run_dir, "budgets", "u*", "result.json")))[-1]) or {}
         cpu, trained = training_cost(run_dir, result)
         cost = dict(train_cpu_s=cpu, trained_updates=trained)
@@ -639,7 +674,10 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         "curve; 'no plateau' makes the ranking one of training speed to the final budget, not of converged "
         "models. Lowest on the curve: the seed-mean curve's lowest validation, and how far it rose by the final "
         "budget (a rise is over-fitting or instability; the ranking stays at the final budget, as the plan "
-        "registers). " + note, "",
+        "registers). Training nll at the end: the mean of fairseq's training log records over the last "
+        "validation interval before the final budget (bits per token, with dropout; the seeds of the valid nll), "
+        "beside the valid nll: a row whose training nll is low and valid nll high fits the training set "
+        "without generalising. " + note, "",
         *(["## Progress", "", progress, ""] if progress else []),
         *ranked,
         *(["## How each row's learning rate was chosen", "", selection, ""] if selection else [])])
