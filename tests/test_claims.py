@@ -21,7 +21,7 @@ import pytest
 import inprocess
 from conftest import REPO, cli_env
 from fairseq_residual.schemes import SCHEME_NAMES, colors
-from residual_studies import claims, claims_report, claims_study, learning_curve, stats
+from residual_studies import claims, claims_report, claims_study, learning_curve, report, stats
 
 ROOT = str(REPO)
 TINY = ["--warmup", "5", "--lr", "3e-3", "--width", "16", "--heads", "2", "--vocab-size", "200",
@@ -81,6 +81,19 @@ def test_verdict_uses_t_beyond_ten_seeds():
     assert v["mean"] / (v["sd"] / math.sqrt(11)) == pytest.approx(2.1)
     assert v["verdict"] == "inconclusive"
     assert stats.verdict([d + 0.2 for d in diffs], +1)["verdict"] == "holds"  # 2.76 standard errors: resolved
+
+
+def test_the_scoring_sentence_names_every_signature_the_cells_were_scored_with():
+    cells = [dict(settings=dict(beam=4, bleu_sentences=500),
+                  scores=dict(bleu=1.0, bleu_signature=f"nrefs:1|tok:13a|version:{v}", chrf_signature="nc:6"))
+             for v in ("2.6.0", "2.6.0", "2.4.0")] + [dict(settings=dict(beam=4, bleu_sentences=500), scores=None)]
+    text = report.scoring_text(cells)
+    assert text == ("sacreBLEU of beam-4 translations of the first 500 test sentences (detokenized, raw references); "
+                    "BLEU signature `nrefs:1|tok:13a|version:2.4.0` / `nrefs:1|tok:13a|version:2.6.0`; "
+                    "chrF signature `nc:6`.")
+    assert report.scoring_text(cells[-1:]) == "No cell has been scored yet."
+    del cells[0]["scores"]["chrf_signature"], cells[1]["scores"]["chrf_signature"], cells[2]["scores"]["chrf_signature"]
+    assert report.scoring_text(cells).endswith("chrF signature not recorded.")
 
 
 def fake_cell(scheme, condition, seed, nll=None, bleu=None, status="ok"):

@@ -66,7 +66,8 @@ def test_parse_log(tmp_path):
 
 def _result(scheme, depth, status, nll=None, bleu=None, reason=""):
     settings = dict(scheme=scheme, depth=depth, width=64, ffn_dim=128, heads=4, updates=300, lr=1e-3,
-                    warmup=60, max_tokens=4096, dropout=0.1, clip_norm=0.0, seed=1, beam=4)
+                    warmup=60, max_tokens=4096, dropout=0.1, clip_norm=0.0, seed=1, beam=4,
+                    bleu_sentences=300)
     return dict(settings=settings, status=status, reason=reason, exit_status=0 if status == "ok" else 1,
                 stats=dict(valid_loss=None if nll is None else nll + 0.5, valid_nll_loss=nll,
                            grad_norm_low_top_enc=0.5, grad_norm_low_top_dec=7.5e-05),
@@ -95,6 +96,7 @@ def test_report_shows_diverged_and_failed_cells(tmp_path):
     assert "Pre-LN" not in pivot  # a scheme without cells gets no column
     text = (tmp_path / "results.md").read_text()
     assert "7.5e-05" in text and "boom" in text
+    assert "beam-4 translations of the first 300 test sentences" in text and "signature `nrefs:1|tok:13a`" in text
     saved = json.loads((tmp_path / "results.json").read_text())
     assert [c["status"] for c in saved["cells"]] == [r["status"] for r in results]
     with open(tmp_path / "quality_vs_depth.png", "rb") as f:

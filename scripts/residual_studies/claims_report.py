@@ -9,7 +9,7 @@ from .cell import shortfall
 from .claims import ABLATIONS, CONDITIONS, cell_metrics, claims, row_color, row_label
 from .data import corpus_label
 from .files import write_json
-from .report import ORDER, _pyplot, fmt, markdown_table
+from .report import ORDER, _pyplot, fmt, markdown_table, scoring_text
 from .runner import loadavg
 from .stats import mean_sd, ms_text
 
@@ -213,8 +213,8 @@ def write_report(args, results, wall_s, by_budget=None, protocol=None):
         f"{s0['heads']} heads, dropout {s0['dropout']}; Adam (0.9, 0.98), lr {s0['lr']} inverse_sqrt "
         f"(warm-up {args.warmup} updates, or none), max_tokens {s0['max_tokens']}, {s0['updates']} updates per "
         f"cell{budget_note}, seeds {', '.join(map(str, args.seeds))}, device {args.device}. Valid nll: bits per target "
-        f"token on the whole valid split; BLEU/chrF: sacreBLEU of beam-{s0['beam']} translations of the first "
-        f"{s0['bleu_sentences']} test sentences. grad: layer-1 / top-layer gradient norm, cos: cosine of the "
+        f"token on the whole valid split; BLEU/chrF: {scoring_text(results)} grad: layer-1 / top-layer gradient "
+        f"norm, cos: cosine of the "
         f"last two layer outputs, encoder / decoder, from fairseq-residual-analyze on the final checkpoint. "
         f"Mean ± sample standard deviation over seeds; diverged runs are counted, not averaged.",
         "", "## Cells", "",

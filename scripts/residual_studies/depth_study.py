@@ -47,7 +47,7 @@ import time
 from . import RUNS, cell, grid, options
 from .data import corpus_label
 from .files import read_json, write_json
-from .report import LABELS, fmt, fmtg, plot_against_depth
+from .report import LABELS, fmt, fmtg, plot_against_depth, scoring_text
 from .runner import ToolError, loadavg, logger
 
 DEFAULT_OUT = os.path.join(RUNS, "depth_study")
@@ -123,8 +123,7 @@ def write_report(args, data, results, wall_s):
         f"clip-norm {any_s['clip_norm']}, weight decay 1e-4, label smoothing 0.1, max_tokens "
         f"{any_s['max_tokens']}, **{any_s['updates']} updates for every cell**{budget_note}, seed {any_s['seed']}, "
         f"CPU, fp32.\n\n"
-        f"BLEU: sacreBLEU of beam-{any_s['beam']} translations of the first {data['bleu_sentences']} "
-        f"test sentences (detokenized, raw references); signature `{sig}`. Valid loss / nll: fairseq's "
+        f"BLEU: {scoring_text(results)} Valid loss / nll: fairseq's "
         f"validation on all 1000 valid pairs after the last update, bits per target token. Grad "
         f"L1/top: gradient norm of layer 1's parameters / the top layer's at the last logged update "
         f"(`--task translation_with_grad_norms`). Times: wall-clock seconds on a possibly shared "

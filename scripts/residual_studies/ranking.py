@@ -35,7 +35,7 @@ from .claims import CONDITIONS, cell_metrics, row_color, row_label
 from .claims_report import plateau
 from .files import read_json, write_json
 from .logs import train_nll_by_update, valid_nll_by_update
-from .report import _pyplot, markdown_table
+from .report import _pyplot, markdown_table, scoring_text
 from .stats import mean_sd, ms_text, verdict
 
 #: the plan's plateau rule on a seed-mean validation curve: the first validation B >= 2,000 updates whose valid
@@ -677,7 +677,7 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         "registers). Training nll at the end: the mean of fairseq's training log records over the last "
         "validation interval before the final budget (bits per token, with dropout; the seeds of the valid nll), "
         "beside the valid nll: a row whose training nll is low and valid nll high fits the training set "
-        "without generalising. " + note, "",
+        "without generalising. BLEU / chrF: " + scoring_text(results) + " " + note, "",
         *(["## Progress", "", progress, ""] if progress else []),
         *ranked,
         *(["## How each row's learning rate was chosen", "", selection, ""] if selection else [])])

@@ -39,6 +39,27 @@ def fmtg(value):
     return "-" if value is None else f"{value:.3g}"
 
 
+def scoring_text(results) -> str:
+    """How the cells' BLEU and chrF were scored, from their settings and scores: "sacreBLEU of beam-4 translations
+    of the first 500 test sentences (detokenized, raw references); BLEU signature `...`; chrF signature `...`".
+    Every distinct beam, sentence count and signature is named (cells scored another way show as a second
+    value); a sentence without scored cells says so."""
+    scored = [r for r in results if r.get("scores")]
+    if not scored:
+        return "No cell has been scored yet."
+
+    def each(values, fmt_one):
+        found = sorted({v for v in values if v is not None}, key=str)
+        return " / ".join(fmt_one(v) for v in found) if found else "not recorded"
+
+    beams = each((r.get("settings", {}).get("beam") for r in scored), str)
+    sentences = each((r.get("settings", {}).get("bleu_sentences") for r in scored), str)
+    bleu = each((r["scores"].get("bleu_signature") for r in scored), lambda v: f"`{v}`")
+    chrf = each((r["scores"].get("chrf_signature") for r in scored), lambda v: f"`{v}`")
+    return (f"sacreBLEU of beam-{beams} translations of the first {sentences} test sentences (detokenized, raw "
+            f"references); BLEU signature {bleu}; chrF signature {chrf}.")
+
+
 def markdown_table(header, rows, align=None):
     """A Markdown table: ``header`` (cells), ``rows`` (lists of cells), ``align`` one of ``l``/``r``
     per column (default: first left, the others right)."""
