@@ -3,6 +3,7 @@ forward against a transcription: tests/test_conformance.py), the profile file (r
 a 2-process gloo run, and fairseq-train / fairseq-generate through the CLI."""
 import logging
 import math
+import os
 import re
 import sys
 import textwrap
@@ -227,7 +228,8 @@ def test_cli_train_resume_generate_and_profile_file(tiny_data_bin, tmp_path):
 
     # export the profile, train a fresh model from it
     out = tmp_path / "profile.ratio.init"
-    proc = run_cli([sys.executable, "-m", "fairseq_residual.schemes.admin", save / "checkpoint_last.pt", out])
+    script = os.path.join(os.path.dirname(sys.executable), "fairseq-residual-admin-profile")  # the console script
+    proc = run_cli([script, save / "checkpoint_last.pt", out])
     assert f"wrote {out}" in proc.stdout
     assert len(out.read_text().splitlines()) == 10
     log = train(data_bin, tmp_path / "from_file", "--admin-profile", out, max_update=1)
@@ -346,7 +348,7 @@ def test_malformed_profile_line_is_named_with_its_fix(bad, tmp_path):
         admin_profile.read_profile(str(path), 2, 2)
     msg = str(err.value)
     assert f"--admin-profile {path} line 3: expected 'k r'" in msg and repr(bad) in msg, msg
-    assert "drop --admin-profile" in msg and "python -m fairseq_residual.schemes.admin CHECKPOINT OUT" in msg
+    assert "drop --admin-profile" in msg and "fairseq-residual-admin-profile CHECKPOINT OUT" in msg
 
 
 def test_binary_or_empty_profile_file_is_named_with_its_fix(tmp_path):
@@ -366,7 +368,7 @@ def test_binary_or_empty_profile_file_is_named_with_its_fix(tmp_path):
         admin_profile.read_profile(str(ckpt), 2, 2)
     msg = str(err.value)
     assert f"--admin-profile {ckpt} is a checkpoint" in msg, msg
-    assert f"python -m fairseq_residual.schemes.admin {ckpt} profile.ratio.init" in msg
+    assert f"fairseq-residual-admin-profile {ckpt} profile.ratio.init" in msg
     empty = tmp_path / "empty.init"
     empty.write_text("\n")
     with pytest.raises(ValueError, match=rf"--admin-profile {re.escape(str(empty))} is empty"):
@@ -381,7 +383,7 @@ def test_profile_exporter_on_empty_or_truncated_checkpoint_exits_1_naming_it(tmp
     empty = tmp_path / "checkpoint_last.pt"
     empty.write_bytes(b"")
     out = tmp_path / "profile.ratio.init"
-    assert admin_profile.main([str(empty), str(out)]) == 1  # python -m fairseq_residual.schemes.admin's main
+    assert admin_profile.main([str(empty), str(out)]) == 1  # fairseq-residual-admin-profile's main
     err = capsys.readouterr().err
     assert err.startswith(f"error: checkpoint {empty} is empty (0 bytes"), err
     assert not out.exists()

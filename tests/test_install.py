@@ -53,7 +53,8 @@ def test_the_install_ships_the_plugin_alone(installed):
     plugin = os.path.join(site, "fairseq_residual")
     assert os.path.isfile(os.path.join(plugin, "paper_results.json"))
     assert os.path.isfile(os.path.join(plugin, "analyze", "cli.py"))
-    assert os.access(os.path.join(os.path.dirname(python), "fairseq-residual-analyze"), os.X_OK)
+    for script in ("fairseq-residual-analyze", "fairseq-residual-admin-profile"):
+        assert os.access(os.path.join(os.path.dirname(python), script), os.X_OK), script
     assert not os.path.exists(os.path.join(plugin, "tools"))
     assert not os.path.exists(os.path.join(site, "residual_studies"))
     where = _run([python, "-c", "import fairseq_residual; print(fairseq_residual.__file__)"], cwd="/")

@@ -8,7 +8,7 @@ an instance of a :class:`~fairseq_residual.schemes.base.ResidualScheme` subclass
 ``scheme_id`` and the module's name as its ``name``, and add the module's name to ``registry_order.py``.
 The README's scheme tables are generated from the registry by :mod:`.docs` (``python -m fairseq_residual.schemes``).
 Beside the schemes: :mod:`.base` (the scheme interface), :mod:`.registry_order`, :mod:`.docs`, and
-:mod:`.admin_profile` (Admin's profile file and ``python -m fairseq_residual.schemes.admin``).
+:mod:`.admin_profile` (Admin's profile file and ``fairseq-residual-admin-profile``).
 """
 from importlib import import_module
 

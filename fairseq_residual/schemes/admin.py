@@ -30,7 +30,7 @@ initialised (every rank uses one profile), sets the buffers and logs one line pe
 forward follows. The buffers are saved in checkpoints, so a resumed run never re-profiles (and logs that
 it does not). The reference instead runs a separate profiling process that writes ``profile.ratio.init``
 and exits; ``--admin-profile FILE`` reads that format ("k r" per line, encoder k = 1..2N then decoder
-k = 1..3M) at model build, and ``python -m fairseq_residual.schemes.admin CHECKPOINT [OUT]`` writes it from
+k = 1..3M) at model build, and ``fairseq-residual-admin-profile CHECKPOINT [OUT]`` writes it from
 a checkpoint's profile (both in :mod:`.admin_profile`).
 
 fp16: fairseq's ``--fp16`` / ``--bf16`` optimiser keeps an fp32 copy of the weights that it builds before
@@ -254,8 +254,8 @@ class Admin(ResidualScheme):
               "with the reference's recursion (every layer profiled, layer-drop off while it profiles), on one rank, "
               "broadcast to all; the profile is stored in the checkpoint (buffers `residual.profile`), never redone "
               "on resume, and logged. `--admin-profile FILE` reads a profile in the reference's `profile.ratio.init` "
-              "format instead (a file of another depth is refused, naming it); `python -m "
-              "fairseq_residual.schemes.admin CHECKPOINT [OUT]` writes one. IWSLT14: RAdam/Adam (0.9, 0.98), lr "
+              "format instead (a file of another depth is refused, naming it); "
+              "`fairseq-residual-admin-profile CHECKPOINT [OUT]` writes one. IWSLT14: RAdam/Adam (0.9, 0.98), lr "
               "7e-4, warm-up 6000, dropout 0.3, weight decay 1e-4.")
     fp16_advice = ("without `--admin-profile FILE`, use `--amp` or `--memory-efficient-fp16` (fairseq's fp32 master "
                    "copy would overwrite the omegas profiled on the first batch); its sums are renormalised after every "
@@ -268,7 +268,7 @@ class Admin(ResidualScheme):
     OPTIONS = (
         Option("admin_profile", str, None, "read the omegas from FILE (the reference's profile.ratio.init "
                "format, 'k r' per line, encoder k = 1..2N then decoder k = 1..3M) instead of profiling the "
-               "first training batch; write one with python -m fairseq_residual.schemes.admin CHECKPOINT OUT",
+               "first training batch; write one with fairseq-residual-admin-profile CHECKPOINT OUT",
                metavar="FILE", default_text="none: profile the first training batch"),
     )
 
@@ -301,7 +301,7 @@ class Admin(ResidualScheme):
                 raise ValueError(
                     f"--{flag} (common.{flag}) keeps an fp32 copy of the weights made before the first batch, which "
                     f"would overwrite the omegas Admin profiles on that batch: profile once in fp32 (train 1 "
-                    f"update, then python -m fairseq_residual.schemes.admin CHECKPOINT profile.ratio.init) "
+                    f"update, then fairseq-residual-admin-profile CHECKPOINT profile.ratio.init) "
                     f"and pass --admin-profile profile.ratio.init, or {others}"
                 )
 

@@ -1,8 +1,9 @@
 """Admin's profile as a file: the reference's ``profile.ratio.init`` format ("k r" per line, encoder
 k = 1..2N then decoder k = 1..3M), read for ``--admin-profile FILE`` (:func:`read_profile`), written
 (:func:`write_profile`), exported from a checkpoint of an Admin model (:func:`export_profile`) by the command
-line ``python -m fairseq_residual.schemes.admin CHECKPOINT [OUT]`` (:func:`main`; ``python -m
-fairseq_residual.schemes.admin_profile`` runs the same). The profile in the model, and how it is measured, is
+line ``fairseq-residual-admin-profile CHECKPOINT [OUT]`` (:func:`main`, a console script of the install;
+``python -m fairseq_residual.schemes.admin`` runs the same, with runpy's warning that the package imported the
+module first). The profile in the model, and how it is measured, is
 :mod:`.admin`'s.
 """
 import math
@@ -47,7 +48,7 @@ def read_profile(path: str, encoder_layers: int, decoder_layers: int):
     fix = (
         "drop --admin-profile (the first training batch then profiles the model), or pass the profile "
         f"of a {encoder_layers}+{decoder_layers}-layer model (write one from a checkpoint with "
-        "python -m fairseq_residual.schemes.admin CHECKPOINT OUT)"
+        "fairseq-residual-admin-profile CHECKPOINT OUT)"
     )
     if not os.path.isfile(path):
         raise FileNotFoundError(f"--admin-profile {path}: no such file; {fix}")
@@ -56,7 +57,7 @@ def read_profile(path: str, encoder_layers: int, decoder_layers: int):
         if f.read(4) == b"PK\x03\x04":  # a zip archive: what torch.save writes
             raise ValueError(
                 f"--admin-profile {path} is a checkpoint (a zip archive), not a profile: write its profile "
-                f"with python -m fairseq_residual.schemes.admin {path} profile.ratio.init and pass "
+                f"with fairseq-residual-admin-profile {path} profile.ratio.init and pass "
                 f"--admin-profile profile.ratio.init, or {fix}"
             )
         f.seek(0)
@@ -136,7 +137,7 @@ def export_profile(checkpoint: str, out: str) -> None:
 
 
 def main(argv=None):
-    """``python -m fairseq_residual.schemes.admin CHECKPOINT [OUT]``: export an Admin checkpoint's profile.
+    """``fairseq-residual-admin-profile CHECKPOINT [OUT]``: export an Admin checkpoint's profile.
 
     Returns 0 when OUT was written; 2 for a usage error; 1, after one ``error: ...`` line on stderr naming
     the checkpoint and the fix, when it is missing, empty or truncated, not a fairseq checkpoint, not of an
@@ -149,7 +150,7 @@ def main(argv=None):
 
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) not in (1, 2) or argv[0] in ("-h", "--help"):
-        print("usage: python -m fairseq_residual.schemes.admin CHECKPOINT [OUT (default profile.ratio.init)]")
+        print("usage: fairseq-residual-admin-profile CHECKPOINT [OUT (default profile.ratio.init)]")
         return 2
     out = argv[1] if len(argv) == 2 else "profile.ratio.init"
     try:
@@ -167,6 +168,11 @@ def main(argv=None):
         return 1
     print(f"wrote {out}")
     return 0
+
+
+def cli_main():
+    """The console script ``fairseq-residual-admin-profile``: :func:`main` with the command line's arguments."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":
