@@ -1,5 +1,5 @@
-"""fairseq-residual: Transformers with selectable residual schemes (Post-LN, Pre-LN, ResiDual and the other schemes
-of the ResiDual paper's tables) as a fairseq user-dir plugin.
+"""fairseq-residual: Transformers with selectable residual schemes (Post-LN, Pre-LN, ResiDual, the other schemes
+of the ResiDual paper's tables and those published after it) as a fairseq user-dir plugin.
 
 The install ships the plugin alone (``fairseq_residual``, with ``analyze`` and its console script); the study
 tooling (``scripts/residual_studies``) runs from the checkout."""
@@ -10,12 +10,12 @@ setup(
     version="0.1.0",
     description=(
         "A fairseq plugin (--user-dir fairseq_residual) registering the residual_transformer model with "
-        "selectable residual schemes: Post-LN, Pre-LN, ResiDual (Xie et al. 2023, arXiv 2304.14802) and the "
-        "other schemes of that paper's tables"
+        "selectable residual schemes: Post-LN, Pre-LN, ResiDual (Xie et al. 2023, arXiv 2304.14802), the "
+        "other schemes of that paper's tables and those published after it"
     ),
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
-    python_requires=">=3.8",
+    python_requires=">=3.10",  # torch 2.13 requires it
     packages=find_packages(include=["fairseq_residual", "fairseq_residual.*"]),
     package_data={"fairseq_residual": ["paper_results.json"]},
     install_requires=[
@@ -40,6 +40,7 @@ setup(
     entry_points={
         "console_scripts": [
             "fairseq-residual-analyze = fairseq_residual.analyze:cli_main",
+            "fairseq-residual-admin-profile = fairseq_residual.schemes.admin_profile:cli_main",
         ],
     },
     license="MIT",

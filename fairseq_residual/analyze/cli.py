@@ -25,9 +25,9 @@ from .plots import write_plots
 def build_parser():
     p = argparse.ArgumentParser(
         prog=PROG,
-        description="Per-layer gradient norms, consecutive-layer cosine similarity and ResiDual's "
-        "dual-stream range of Post-LN / Pre-LN / ResiDual Transformers, on a checkpoint or a fresh "
-        "model, written as JSON and PNG plots. Other fairseq model options (e.g. --activation-fn "
+        description="Per-layer gradient norms, consecutive-layer cosine similarity, the residual streams of "
+        "multi-stream schemes and ResiDual's dual-stream range, for a residual_transformer of any registered "
+        "scheme, on a checkpoint or a fresh model, written as JSON and PNG plots. Other fairseq model options (e.g. --activation-fn "
         "gelu) are passed to fairseq for fresh models.",
         epilog="Definitions and the --resi-dual-scale rule: python -c 'import fairseq_residual."
         "analyze as a; help(a)', or docs/analysis.md.",

@@ -246,11 +246,11 @@ class ResidualScheme:
             leaves unnormalised in the decoder as fairseq's Pre-LN does.
         has_layer_norm: False for schemes without any LayerNorm (``--layernorm-embedding`` is refused, and
             every ``--norm`` but ``layernorm``).
-        norm_refusals: ``{norm: why}``, the ``--norm`` values the scheme refuses (README's compatibility table
-            shows the reasons): where its maths (its exactness, or the argument behind its initialisation)
+        norm_refusals: ``{norm: why}``, the ``--norm`` values the scheme refuses (docs/schemes.md's compatibility
+            table shows the reasons): where its maths (its exactness, or the argument behind its initialisation)
             holds for LayerNorm's statistics only; :meth:`norm_refusal` may make a refusal conditional.
         formula_norms: the normalisations of the scheme's own formula that are not LayerNorm modules and that
-            ``--norm`` leaves as they are (Markdown, README's compatibility table), or "".
+            ``--norm`` leaves as they are (Markdown, docs/schemes.md's compatibility table), or "".
         layerdrop: True when ``--{encoder,decoder}-layerdrop`` is allowed; else :attr:`no_layerdrop_reason`.
         OPTIONS: the scheme's own options (:class:`Option`).
         speed_goal: its goal in the speed benchmark (:class:`SpeedGoal`), or None for a scheme that is slower
