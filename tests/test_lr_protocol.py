@@ -262,6 +262,22 @@ def test_the_archive_holds_each_finished_cells_small_files_and_resumes_the_study
                 assert json.loads((again / os.path.relpath(first, archive)).read_text()) == json.load(open(first)), first
 
 
+def test_a_second_study_in_the_same_folder_archives_its_own_cells_only(fake_study, tmp_path):
+    """Rows added later to a study folder (the same data, Pre-LN's cells reused as the anchor) are archived
+    apart: the second archive holds Pre-LN's and the new row's cells, not the first study's other rows'."""
+    fake, run = fake_study
+    out = run("--schemes", "post_ln,pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3", "--tune-seeds", "2")
+    first = set(os.listdir(out / "cells"))
+    trained = len(fake.calls)
+    later = tmp_path / "later"
+    run("--schemes", "pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3", "--tune-seeds", "2", "--archive", later)
+    assert len(fake.calls) == trained  # Pre-LN's selection and seed-2 cells are reused, nothing retrains
+    archived = set(os.listdir(later / "cells"))
+    pre_ln = {name for name in first if name.startswith("pre_ln-")}
+    assert archived == pre_ln and len(pre_ln) == 3  # two selection cells and seed 2
+    assert first - archived == {name for name in first if name.startswith("post_ln-")}
+
+
 @pytest.mark.parametrize("option", [["--tune-seeds", "2,3"], ["--select-seed=4"], ["--select-updates", "500"]])
 def test_protocol_options_without_the_grid_are_refused_not_ignored(option, capsys):
     with pytest.raises(SystemExit):

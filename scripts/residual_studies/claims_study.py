@@ -169,7 +169,9 @@ def _write_ranking(args, results, tuned, t0):
     log(f"wrote {os.path.join(args.out, 'ranking.md')}, ranking.json and ranking.png "
         f"({(time.time() - t0) / 60:.1f} min)")
     if args.archive:
-        n = ranking.archive(args.out, args.archive)
+        # this study's cells only: a study folder may hold another study's too (the same data, other rows)
+        mine = {r["cell"] for r in results + list((tuned or {}).get("selected") or []) if r.get("cell")}
+        n = ranking.archive(args.out, args.archive, cells=mine)
         log(f"archived {n} finished cells' small files and the ranking in {args.archive}")
     return 0
 

@@ -583,7 +583,7 @@ def train_curve(run_dir):
 ARCHIVED = ("settings.json", "train_state.json", "budgets/u*/result.json", "budgets/u*/analysis/analysis.json")
 
 
-def archive(out, dest):
+def archive(out, dest, cells=None):
     """Copy every finished cell's small files from the study folder ``out`` into ``dest/cells`` (the same
     layout, plus ``curve.json``, its validation curve, :func:`cell_curve` (from its logs, or from the archive a
     cell restored from one brought), ``train_curve.json``, its training nll between validations,
@@ -591,13 +591,15 @@ def archive(out, dest):
     CPU-seconds and the updates they trained, :func:`training_cost`, and the machine they ran on,
     :func:`cell_machine`: costs measured on different CPUs do not compare), so that the report can be
     rebuilt, and the study resumed on another machine, from what a repository holds: copy ``dest/cells``
-    into a new study folder's ``cells`` and the same command skips every archived cell. Returns the number
-    of cells archived."""
+    into a new study folder's ``cells`` and the same command skips every archived cell. ``cells``: the names
+    of the cell folders to archive (a study's own, where one study folder holds the cells of several), or None
+    for every finished cell. Returns the number of cells archived."""
     import json
 
     n = 0
     for run_dir in sorted(glob.glob(os.path.join(out, "cells", "*"))):
-        if not glob.glob(os.path.join(run_dir, "budgets", "u*", "result.json")):
+        if not glob.glob(os.path.join(run_dir, "budgets", "u*", "result.json")) or (
+                cells is not None and os.path.basename(run_dir) not in cells):
             continue
         target = os.path.join(dest, "cells", os.path.basename(run_dir))
         for pattern in ARCHIVED:
