@@ -70,26 +70,26 @@ def loss_curves(path):
                 params=log["params"])
 
 
-def valid_nll_by_update(train_log):
-    """``{updates: valid nll}`` from fairseq's validation records in a training log (bits per token)."""
+def _by_update(records, updates_key, value_key):
+    """``{updates: value}`` of the records that have both numbers; a later record of the same update wins."""
     out = {}
-    for rec in read_train_log(train_log)["valid"]:
-        u, v = number(rec.get("valid_num_updates")), number(rec.get("valid_nll_loss"))
+    for rec in records:
+        u, v = number(rec.get(updates_key)), number(rec.get(value_key))
         if u is not None and v is not None:
             out[int(u)] = v
     return out
+
+
+def valid_nll_by_update(train_log):
+    """``{updates: valid nll}`` from fairseq's validation records in a training log (bits per token)."""
+    return _by_update(read_train_log(train_log)["valid"], "valid_num_updates", "valid_nll_loss")
 
 
 def train_nll_by_update(train_log):
     """``{updates: training nll}`` from fairseq's ``train_inner`` records of a training log (bits per token, with
     dropout, each the mean over the ``--log-interval`` updates up to ``updates``); a resumed run logs some updates
     twice, and the later record wins."""
-    out = {}
-    for rec in read_train_log(train_log)["train_inner"]:
-        u, v = number(rec.get("num_updates")), number(rec.get("nll_loss"))
-        if u is not None and v is not None:
-            out[int(u)] = v
-    return out
+    return _by_update(read_train_log(train_log)["train_inner"], "num_updates", "nll_loss")
 
 
 def read_generate(path):
