@@ -264,18 +264,38 @@ def test_the_archive_holds_each_finished_cells_small_files_and_resumes_the_study
 
 def test_a_second_study_in_the_same_folder_archives_its_own_cells_only(fake_study, tmp_path):
     """Rows added later to a study folder (the same data, Pre-LN's cells reused as the anchor) are archived
-    apart: the second archive holds Pre-LN's and the new row's cells, not the first study's other rows'."""
+    apart: the second archive holds Pre-LN's and the new row's cells, not the first study's other rows'; the
+    first study archived again afterwards holds its own cells, not the later rows'."""
     fake, run = fake_study
+    first_archive, later = tmp_path / "first", tmp_path / "later"
     out = run("--schemes", "post_ln,pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3", "--tune-seeds", "2")
     first = set(os.listdir(out / "cells"))
     trained = len(fake.calls)
-    later = tmp_path / "later"
-    run("--schemes", "pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3", "--tune-seeds", "2", "--archive", later)
-    assert len(fake.calls) == trained  # Pre-LN's selection and seed-2 cells are reused, nothing retrains
-    archived = set(os.listdir(later / "cells"))
+    FAKE_NLL.update({("rezero", 1e-3): 6.2, ("rezero", 4e-3): 6.1})
+    try:
+        run("--schemes", "pre_ln,rezero", "--rank", "warm6", "--lr-grid", "1e-3,4e-3", "--tune-seeds", "2",
+            "--archive", later)
+        assert len(fake.calls) == trained + 3  # ReZero's two selection cells and seed 2; Pre-LN's are reused
+        run("--schemes", "post_ln,pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3", "--tune-seeds", "2",
+            "--report-only", "--archive", first_archive)
+    finally:
+        del FAKE_NLL["rezero", 1e-3], FAKE_NLL["rezero", 4e-3]
+    rezero = set(os.listdir(out / "cells")) - first
     pre_ln = {name for name in first if name.startswith("pre_ln-")}
-    assert archived == pre_ln and len(pre_ln) == 3  # two selection cells and seed 2
-    assert first - archived == {name for name in first if name.startswith("post_ln-")}
+    assert len(rezero) == 3 and len(pre_ln) == 3  # two selection cells and seed 2 each
+    assert set(os.listdir(later / "cells")) == pre_ln | rezero
+    assert set(os.listdir(first_archive / "cells")) == first
+    assert "ReZero" not in (first_archive / "ranking.md").read_text()
+
+
+def test_a_report_without_rows_leaves_no_plot_of_another_study(tmp_path):
+    """ranking.write rewrites the Markdown and JSON always, the plots only when it has rows: a report without rows
+    removes the plots another study left in the folder, so that they are not read or archived as its own."""
+    for name in ("ranking.png", "ranking_curves.png"):
+        (tmp_path / name).write_bytes(b"\x89PNG another study's")
+    text = ranking.write(str(tmp_path), [], "warm12")
+    assert "No row has a finished final cell yet" in text
+    assert not (tmp_path / "ranking.png").exists() and not (tmp_path / "ranking_curves.png").exists()
 
 
 @pytest.mark.parametrize("option", [["--tune-seeds", "2,3"], ["--select-seed=4"], ["--select-updates", "500"]])
@@ -507,6 +527,26 @@ def test_a_cells_training_curve_is_its_training_nll_between_validations(tmp_path
     assert ranking.cell_train_curve(str(tmp_path)) == []
     (tmp_path / "train_curve.json").write_text(json.dumps([[150, 6.0]]))
     assert ranking.cell_train_curve(str(tmp_path)) == [[150, 6.0]]
+    # restored from that archive and trained on: the new segment's log adds its points, the archive keeps the rest
+    (tmp_path / "train-u200.log").write_text('| train_inner | {"num_updates": "200", "nll_loss": "5.0"}\n'
+                                             '| valid | {"valid_nll_loss": "8.0", "valid_num_updates": "200"}\n')
+    assert ranking.cell_train_curve(str(tmp_path)) == [[150, 6.0], [200, 5.0]]
+
+
+def test_the_training_nll_column_averages_the_seeds_that_trained(tmp_path):
+    """A diverged seed's training nll is left out, as its valid nll is; a seed archived without a training curve
+    is missing, and the cell names how many seeds it averages; a row whose every seed diverged shows none."""
+    results = []
+    for row, seed, status, train in (("pre_ln", 2, "ok", 4.0), ("pre_ln", 3, "ok", 4.2), ("pre_ln", 4, "ok", None),
+                                      ("rezero", 2, "ok", 4.5), ("rezero", 3, "diverged", 9.9),
+                                      ("admin", 2, "diverged", 4.4), ("admin", 3, "diverged", 4.6)):
+        r = _result(row, "warm12", seed, 5.0 if status == "ok" else None, status=status, updates=3000)
+        _cell_files(tmp_path, r, [[3000, 5.0]], 0.5, None if train is None else [[3000, train]])
+        results.append(r)
+    found = ranking.equal_compute(str(tmp_path), results, 3000)
+    assert found["pre_ln"]["train_text"] == "4.100 ± 0.141 (n = 2)"
+    assert found["rezero"]["train_text"] == "4.500"
+    assert found["admin"]["train_nll"] == (None, None, 0) and found["admin"]["train_text"] == "-"
 
 
 def test_the_lowest_point_of_a_curve_and_its_rise_after():

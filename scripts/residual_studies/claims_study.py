@@ -77,7 +77,14 @@ def select(args, data, rows):
         f"{args.select_updates} updates)")
     found = _cells(args, data, sel, updates=args.select_updates)
     by = {(r["scheme"], r["condition"], r["settings"]["lr"]): r for r in found}
-    return (*lr_protocol.selection_table(rows, args.conditions, args.lr_grid, by), found)
+    return (*lr_protocol.selection_table(rows, args.conditions, args.lr_grid, by), found,
+            {folder_name(args, data, *c) for c in sel})
+
+
+def folder_name(args, data, row, condition, seed, lr=None):
+    """The folder name of one cell of this grid (its settings' hash; :func:`.cell.folder`)."""
+    ns, depth = cell_args(args, condition, seed, row, lr)
+    return os.path.basename(cell.folder(args.out, cell.settings(ns, resolve(row)[0], depth, data)))
 
 
 def tuned_cells(args, rows, choices):
@@ -116,7 +123,7 @@ def study(args):
     if not results:
         raise ToolError(f"no finished cell with these settings under {args.out}/cells")
     if args.rank:
-        return _write_ranking(args, results, None, t0)
+        return _write_ranking(args, results, None, t0, {folder_name(args, data, *c) for c in cells})
     text = write_report(args, results, time.time() - t0, _by_budget(args, data, cells))
     print("\n" + text)
     log(f"wrote {os.path.join(args.out, 'results.md')}, results.json and claims.png "
@@ -127,7 +134,7 @@ def study(args):
 def study_protocols(args, data, rows, cells, t0):
     """``--lr-grid``: the selection, then the fixed protocol's cells and the chosen rates' cells (only the
     latter with ``--rank``), and the report of both."""
-    table, choices, selected = select(args, data, rows)
+    table, choices, selected, selection_folders = select(args, data, rows)
     print("\n" + table + "\n")
     tuned = tuned_cells(args, rows, choices)
     fixed = [] if args.rank else [(*c, None) for c in cells]
@@ -142,8 +149,11 @@ def study_protocols(args, data, rows, cells, t0):
                  for c in lr_protocol.selection_conditions(args.conditions)}
     if args.rank:
         planned = len(rows) * len(lr_protocol.selection_conditions(args.conditions)) * len(args.lr_grid)
+        # the folders of this study's cells, finished or not: its archive copies these, and no other study's
+        folders = selection_folders | {folder_name(args, data, *c) for c in tuned}
         return _write_ranking(args, tuned_results, dict(table=table, lr_by_row=lr_by_row, selected=selected,
-                                                         planned=planned, rows=rows, tuned=len(tuned)), t0)
+                                                         planned=planned, rows=rows, tuned=len(tuned)), t0,
+                              folders)
     section = dict(table=table, choices={f"{r} {c}": v for (r, c), v in choices.items()}, results=tuned_results,
                    by_budget=_by_budget(args, data, tuned), seeds=args.tune_seeds)
     text = write_report(args, results, time.time() - t0, _by_budget(args, data, cells), protocol=section)
@@ -153,9 +163,10 @@ def study_protocols(args, data, rows, cells, t0):
     return 0
 
 
-def _write_ranking(args, results, tuned, t0):
+def _write_ranking(args, results, tuned, t0, folders):
     """``--rank``: :func:`.ranking.write` of ``results`` (``tuned``: the selection's ``table`` and ``lr_by_row``,
-    or None for the fixed rate); returns the exit status."""
+    or None for the fixed rate) and, with ``--archive``, :func:`.ranking.archive` of the cell ``folders`` this
+    study plans (a study folder may hold another study's cells too); returns the exit status."""
     note = (f"Each row at its own learning rate, chosen from {','.join(f'{g:g}' for g in args.lr_grid)} on seed "
             f"{args.select_seed} at {args.select_updates} updates (selection below); seeds "
             f"{','.join(map(str, args.tune_seeds))}." if tuned else f"Every row at lr {args.lr:g}; seeds "
@@ -169,9 +180,7 @@ def _write_ranking(args, results, tuned, t0):
     log(f"wrote {os.path.join(args.out, 'ranking.md')}, ranking.json and ranking.png "
         f"({(time.time() - t0) / 60:.1f} min)")
     if args.archive:
-        # this study's cells only: a study folder may hold another study's too (the same data, other rows)
-        mine = {r["cell"] for r in results + list((tuned or {}).get("selected") or []) if r.get("cell")}
-        n = ranking.archive(args.out, args.archive, cells=mine)
+        n = ranking.archive(args.out, args.archive, cells=folders)
         log(f"archived {n} finished cells' small files and the ranking in {args.archive}")
     return 0
 

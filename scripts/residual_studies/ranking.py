@@ -377,16 +377,24 @@ def training_cost(run_dir, result):
     return result.get("train_cpu_s") or 0, result.get("reached") or 0
 
 
+def _merged(archived, logged):
+    """The points of an archived curve and of the logs, the logs' where both have an update (a cell restored
+    from an archive and trained on has logs of its new segment only)."""
+    points = {int(u): v for u, v in (archived or [])}
+    points.update({int(u): v for u, v in logged})
+    return [[u, points[u]] for u in sorted(points)]
+
+
 def cell_curve(run_dir):
-    """A cell's validation curve ``[[updates, valid nll], ...]``: from its logs (:func:`valid_curve`), or the
-    archived ``curve.json``."""
-    return valid_curve(run_dir) or read_json(os.path.join(run_dir, "curve.json")) or []
+    """A cell's validation curve ``[[updates, valid nll], ...]``: from its logs (:func:`valid_curve`) and the
+    archived ``curve.json`` (:func:`_merged`)."""
+    return _merged(read_json(os.path.join(run_dir, "curve.json")), valid_curve(run_dir))
 
 
 def cell_train_curve(run_dir):
-    """A cell's training curve ``[[updates, training nll], ...]``: from its logs (:func:`train_curve`), or the
-    archived ``train_curve.json`` (absent for a cell archived before it was kept)."""
-    return train_curve(run_dir) or read_json(os.path.join(run_dir, "train_curve.json")) or []
+    """A cell's training curve ``[[updates, training nll], ...]``: from its logs (:func:`train_curve`) and the
+    archived ``train_curve.json`` (:func:`_merged`; none for a cell archived before it was kept)."""
+    return _merged(read_json(os.path.join(run_dir, "train_curve.json")), train_curve(run_dir))
 
 
 def _at(curve, updates):
@@ -431,8 +439,9 @@ def equal_compute(out, results, budget, idle=None):
         ``{row: {"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound", "plateau", "lowest",
         "curve", "train_nll": (mean, sd, n), "train_text", "machines"[, "idle"]}}``; curve: ``{updates: valid
         nll}``, the mean over the seeds that did not diverge or fail (over all where none did) at the validations
-        they share; lowest: :func:`lowest_point` of the curve; train_nll: the same seeds' training nll over the
-        last validation interval before ``budget`` (:func:`cell_train_curve`; n = 0 where no cell has it);
+        they share; lowest: :func:`lowest_point` of the curve; train_nll: the training nll of the seeds that did
+        not diverge or fail over the validation interval ending at ``budget`` (:func:`cell_train_curve`; n = 0
+        where none has it; train_text names n where fewer seeds have it than trained);
         machines: those the row's cells trained on (:func:`cell_machine`).
     """
     cells = {}
@@ -453,10 +462,13 @@ def equal_compute(out, results, budget, idle=None):
         by_update = [dict(c) for ok, c in read if ok and c] or [dict(c) for c in curves]
         common = sorted(set.intersection(*(set(d) for d in by_update))) if by_update else []
         mean_curve = {u: mean_sd([d[u] for d in by_update])[0] for u in common}
-        trained = [dict(map(tuple, cell_train_curve(os.path.join(out, "cells", r["cell"])))).get(budget)
-                   for r in mine if r.get("cell") and (r["status"] == "ok" or not any(ok for ok, _ in read))]
+        # the training nll of the seeds the valid nll averages (those that trained); none for a row without one
+        ok = [r for r in mine if r.get("cell") and r["status"] == "ok"]
+        trained = [dict(map(tuple, cell_train_curve(os.path.join(out, "cells", r["cell"])))).get(budget) for r in ok]
+        train_nll = mean_sd(trained)
+        train_text = ms_text(trained, 3) + (f" (n = {train_nll[2]})" if 0 < train_nll[2] < len(ok) else "")
         entry = dict(_read_at(curves, total, rate[row], budget), curve=mean_curve,
-                     train_nll=mean_sd(trained), train_text=ms_text(trained, 3),
+                     train_nll=train_nll, train_text=train_text,
                      plateau=plateau(mean_curve, start=CURVE_PLATEAU_FROM), lowest=lowest_point(mean_curve),
                      machines=sorted({cell_machine(os.path.join(out, "cells", r["cell"])) or "unrecorded"
                                       for r in mine if r.get("cell")}))
@@ -676,8 +688,8 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         "curve; 'no plateau' makes the ranking one of training speed to the final budget, not of converged "
         "models. Lowest on the curve: the seed-mean curve's lowest validation, and how far it rose by the final "
         "budget (a rise is over-fitting or instability; the ranking stays at the final budget, as the plan "
-        "registers). Training nll at the end: the mean of fairseq's training log records over the last "
-        "validation interval before the final budget (bits per token, with dropout; the seeds of the valid nll), "
+        "registers). Training nll at the end: the mean of fairseq's training log records over the validation "
+        "interval ending at the final budget (bits per token, with dropout; the seeds of the valid nll), "
         "beside the valid nll: a row whose training nll is low and valid nll high fits the training set "
         "without generalising. BLEU / chrF: " + scoring_text(results) + " " + note, "",
         *(["## Progress", "", progress, ""] if progress else []),
@@ -689,4 +701,8 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
     if rows:
         plot(rows, os.path.join(out, "ranking.png"), title)
         plot_curves(rows, os.path.join(out, "ranking_curves.png"), f"{title}: valid nll against CPU time")
+    else:  # no plot of another study that wrote into this folder is left to be read or archived as this one's
+        for name in ("ranking.png", "ranking_curves.png"):
+            if os.path.exists(os.path.join(out, name)):
+                os.remove(os.path.join(out, name))
     return text
