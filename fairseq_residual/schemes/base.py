@@ -173,6 +173,12 @@ class SpeedGoal:
     generate: float = 0.97
 
 
+#: the goal of the schemes with n residual streams per position (hyper-connections, mHC, mHC-lite), at n = 4:
+#: they cost time and memory by construction; at least 0.8x stock Pre-LN's training and generation throughput,
+#: at most 1.35x its peak memory (docs/speed.md)
+MULTI_STREAM_GOAL = SpeedGoal(train=0.80, memory=1.35, generate=0.80)
+
+
 def setting(cfg, group: str, key: str, default=None):
     """``cfg.<group>.<key>`` of fairseq's config (``FairseqConfig`` / ``DictConfig``), or ``default`` where the group
     or key is absent or None."""

@@ -57,7 +57,7 @@ from torch import Tensor, nn
 
 from ..residual import NORM_INPUT, StackResidual, SublayerResidual
 from ..stream_ops import compiled, layer_norm_projection, stream_update
-from .base import Option, ResidualScheme, SpeedGoal
+from .base import MULTI_STREAM_GOAL, Option, ResidualScheme
 
 #: fairseq's per-parameter optimizer overrides (``optim_overrides``) of the static connection weights
 NO_WEIGHT_DECAY = {"weight_decay": 0.0}
@@ -366,9 +366,7 @@ class HyperConnections(ResidualScheme):
     label = "Hyper-connections"
     scheme_id = 13
     color = "navy"
-    # n streams per position cost time and memory by construction; the goal at n = 4 of the restructured code
-    # (docs/speed.md): at least 0.8x stock Pre-LN's training and generation throughput, at most 1.35x its memory
-    speed_goal = SpeedGoal(train=0.80, memory=1.35, generate=0.80)
+    speed_goal = MULTI_STREAM_GOAL
     update = ("n streams; h_in = sum_i A_m[i] h_i; o = drop(F(LN(h_in))); h'_j = sum_i A_r[i,j] h_i + B[j] o; "
               "A_m, A_r, B static + dynamic")
     output = "LN_final(sum_i h_i)"

@@ -67,7 +67,7 @@ from torch import Tensor, nn
 
 from ..residual import NORM_INPUT
 from ..stream_ops import compiled, rms_projection, stream_update
-from .base import Option, ResidualScheme, SpeedGoal
+from .base import MULTI_STREAM_GOAL, Option, ResidualScheme
 from .hyper_connections import COMPILE_HELP, StreamsConnection, StreamsStack
 
 #: Sinkhorn-Knopp rounds (the paper's t_max)
@@ -363,9 +363,7 @@ class MHC(ResidualScheme):
     label = "mHC"
     scheme_id = 14
     color = "slateblue"
-    # n streams per position cost time and memory by construction; the goal at n = 4 of the restructured code
-    # (docs/speed.md): at least 0.8x stock Pre-LN's training and generation throughput, at most 1.35x its memory
-    speed_goal = SpeedGoal(train=0.80, memory=1.35, generate=0.80)
+    speed_goal = MULTI_STREAM_GOAL
     update = ("n streams; h_in = sum_i H_pre[i] h_i; o = drop(F(LN(h_in))); h'_j = sum_i H_res[j,i] h_i + H_post[j] o; "
               "H_pre = sigmoid(.), H_post = 2 sigmoid(.), H_res Sinkhorn-Knopp (20 rounds, doubly stochastic), all "
               "from RMSNorm(vec(H)), in fp32")

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .base import Option, ResidualScheme, SpeedGoal
+from .base import MULTI_STREAM_GOAL, Option, ResidualScheme
 from .hyper_connections import COMPILE_HELP, StreamsStack
 from .mhc import OFF_DIAGONAL_LOGIT, ManifoldHyperConnection
 
@@ -124,7 +124,7 @@ class MHCLite(ResidualScheme):
     label = "mHC-lite"
     scheme_id = 20
     color = "mediumpurple"
-    speed_goal = SpeedGoal(train=0.80, memory=1.35, generate=0.80)  # n = 4 streams, as mHC
+    speed_goal = MULTI_STREAM_GOAL
     update = ("n streams; h_in = sum_i H_pre[i] h_i; o = drop(F(LN(h_in))); h'_j = sum_i H_res[j,i] h_i + H_post[j] o; "
               "H_pre, H_post as mHC; H_res = sum_k softmax(alpha_res x' phi_res + b_res)_k P_k over the n! "
               "permutation matrices (exactly doubly stochastic), x' = RMSNorm(vec(H)), in fp32")
