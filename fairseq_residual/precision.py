@@ -10,9 +10,15 @@
   ``torch.tensor(0.0).cuda()`` (``fairseq/trainer.py``, ``train_step``), which raises 'Torch not compiled with
   CUDA enabled'.
 
-:func:`warn_without_cuda` logs one WARNING per such setting. The plugin's wrap of fairseq's ``Trainer.__init__``
-(:mod:`fairseq_residual.training_checks`) calls it for every model, task and entry point (fairseq-train,
-fairseq-hydra-train), before the first batch. Nothing else changes.
+* ``fairseq-train --bf16`` also sets ``--tpu`` (``fairseq/options.py``, ``parse_args_and_arch``: "if args.bf16:
+  args.tpu = True"; fairseq issue 4696), and without torch_xla fairseq's ``Trainer`` then fails on
+  ``utils.get_tpu_device()`` with "AttributeError: 'NoneType' object has no attribute 'xla_device'", on a CPU
+  and on a GPU alike. ``fairseq-hydra-train`` does not set it.
+
+:func:`warn_without_cuda` logs one WARNING per such setting, and :func:`refuse_tpu_without_xla` refuses the
+last with the fix. The plugin's wrap of fairseq's ``Trainer.__init__`` (:mod:`fairseq_residual.training_checks`)
+calls both for every model, task and entry point (fairseq-train, fairseq-hydra-train), before the first batch.
+Nothing else changes.
 """
 import logging
 from typing import List, Optional
@@ -52,6 +58,32 @@ def fp16_without_cuda(cfg, cuda_available: Optional[bool] = None) -> Optional[st
     ``--memory-efficient-fp16`` too) will fail at its first loss-scale overflow, or None (no fp16, or a CUDA
     run); as :func:`amp_without_cuda`."""
     return _not_on_cuda(cfg, cuda_available) if setting(cfg, "common", "fp16", False) else None
+
+
+def refuse_tpu_without_xla(cfg, xla_available: Optional[bool] = None) -> None:
+    """Refuse ``--tpu`` (``cfg.common.tpu``) where torch_xla is not installed, before fairseq's ``Trainer`` fails
+    on it with an AttributeError; for ``fairseq-train --bf16``, which sets ``--tpu`` itself, name the ways bf16
+    does run. ``xla_available`` defaults to whether ``torch_xla`` can be imported.
+
+    Raises:
+        ValueError: ``--tpu`` without torch_xla.
+    """
+    if not setting(cfg, "common", "tpu", False):
+        return
+    if xla_available is None:
+        import importlib.util
+
+        xla_available = importlib.util.find_spec("torch_xla") is not None
+    if xla_available:
+        return
+    if setting(cfg, "common", "bf16", False):
+        raise ValueError(
+            "fairseq-train --bf16 (or --memory-efficient-bf16) also turns on --tpu (fairseq's options.py; fairseq "
+            "issue 4696), and torch_xla is not installed, so fairseq's Trainer would fail ('NoneType' object has no "
+            "attribute 'xla_device'). Train in bf16 through fairseq-hydra-train instead (common.bf16=true, with "
+            "common.fp16_no_flatten_grads=true or common.memory_efficient_bf16=true; scripts/train.sh --precision "
+            "bf16 does this), or with --amp on a GPU, or in fp32")
+    raise ValueError("--tpu (common.tpu) needs torch_xla, which is not installed: drop --tpu")
 
 
 def warn_without_cuda(cfg, cuda_available: Optional[bool] = None) -> List[str]:

@@ -9,8 +9,9 @@ the optimizer exists (fairseq-train builds that at ``trainer.get_lr()``, before 
 ``Trainer.__init__`` so that, first, :func:`check_training` runs there: the settings' warnings and refusals come
 from one place under either entry point, and a refusal loses nothing.
 
-What is checked there: for every model, mixed precision a run without CUDA does not honour (``--amp``, ``--fp16``:
-:func:`fairseq_residual.precision.warn_without_cuda`); for ``residual_transformer``, the scheme's own
+What is checked there: for every model, ``--tpu`` without torch_xla, which ``fairseq-train --bf16`` sets
+(:func:`fairseq_residual.precision.refuse_tpu_without_xla`), and mixed precision a run without CUDA does not honour
+(``--amp``, ``--fp16``: :func:`fairseq_residual.precision.warn_without_cuda`); for ``residual_transformer``, the scheme's own
 :meth:`~fairseq_residual.schemes.base.ResidualScheme.check_training` (Admin's refusal of fairseq's fp32 master
 copy without a profile, nGPT's of FSDP, T-Fixup's warm-up and nGPT's weight decay logged).
 """
@@ -20,7 +21,7 @@ from types import SimpleNamespace
 
 from fairseq.trainer import Trainer
 
-from .precision import warn_without_cuda
+from .precision import refuse_tpu_without_xla, warn_without_cuda
 from .schemes.base import scheme_of, unwrap_model
 
 #: the groups of fairseq's config (``fairseq/dataclass/configs.py``, ``FairseqConfig``)
@@ -42,8 +43,10 @@ def check_training(cfg, model) -> None:
     checks for a ``residual_transformer``.
 
     Raises:
-        ValueError: a setting the model's scheme cannot honour, naming the fix.
+        ValueError: a setting the model's scheme cannot honour, or ``--tpu`` without torch_xla (which
+            ``fairseq-train --bf16`` sets), naming the fix.
     """
+    refuse_tpu_without_xla(cfg)
     warn_without_cuda(cfg)
     model = unwrap_model(model)
     scheme = scheme_of(model)

@@ -80,3 +80,34 @@ def test_amp_with_fp16_under_fsdp_keeps_the_warnings(caplog):
     cfg = OmegaConf.create({"common": {"amp": True, "fp16": True, "cpu": True},
                             "distributed_training": {"ddp_backend": "fully_sharded"}})
     assert len(precision.warn_without_cuda(cfg, cuda_available=False)) == 2
+
+
+def test_fairseq_train_bf16_is_refused_before_its_trainer_fails(tiny_data_bin):
+    """fairseq-train --bf16 sets --tpu (fairseq issue 4696); without torch_xla its Trainer fails on an
+    AttributeError. The plugin's check refuses it first, naming the entry point where bf16 runs."""
+    _, data_bin = tiny_data_bin
+    with pytest.raises(AssertionError) as raised:
+        fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--task", "translation", "--cpu", "--bf16",
+                     "--fp16-no-flatten-grads", *TRAIN)
+    assert "ValueError: fairseq-train --bf16 (or --memory-efficient-bf16) also turns on --tpu" in str(raised.value)
+    assert "fairseq-hydra-train" in str(raised.value) and "xla_device" in str(raised.value)
+
+
+@pytest.mark.parametrize("common, xla, refused", [
+    ({"bf16": True, "tpu": True}, False, "fairseq-train --bf16"),  # what fairseq-train --bf16 gives
+    ({"tpu": True}, False, "drop --tpu"),
+    ({"bf16": True, "tpu": True}, True, None),  # a TPU machine
+    ({"bf16": True}, False, None),  # fairseq-hydra-train's common.bf16=true: no --tpu
+    ({}, False, None),
+])
+def test_tpu_without_torch_xla_is_refused(common, xla, refused):
+    from omegaconf import OmegaConf
+
+    from fairseq_residual import precision
+
+    cfg = OmegaConf.create({"common": common})
+    if refused is None:
+        assert precision.refuse_tpu_without_xla(cfg, xla_available=xla) is None
+    else:
+        with pytest.raises(ValueError, match=re.escape(refused)):
+            precision.refuse_tpu_without_xla(cfg, xla_available=xla)
