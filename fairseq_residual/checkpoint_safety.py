@@ -59,6 +59,11 @@ class TruncatedCheckpointError(RuntimeError):
     """A checkpoint file is incomplete (cut short while it was written), so it cannot be loaded."""
 
 
+class ForeignCheckpointError(ValueError):
+    """The save dir's ``checkpoint_last.pt`` is of another model (another residual scheme, ``--norm`` or tensor
+    shapes) and no checkpoint of this run is beside it: resuming would load it and fail."""
+
+
 def is_complete_checkpoint(path: str) -> bool:
     """True if ``path`` is a complete checkpoint as torch >= 1.6 writes it (a zip archive whose central
     directory, written last, is present). A file cut short at any byte fails this test."""
@@ -165,6 +170,7 @@ class ResumeCandidate:
         mtime: its modification time.
         problem: why it may not be resumed from (None: it may), e.g. "has no optimizer state".
         by_name: True if ``problem`` is its file name alone (not a name fairseq's training writes).
+        misfit: True if ``problem`` is that its model state is of another model (:func:`_misfit`).
     """
 
     path: str
@@ -172,6 +178,7 @@ class ResumeCandidate:
     mtime: float
     problem: Optional[str] = None
     by_name: bool = False
+    misfit: bool = False
 
 
 def _misfit(saved: dict, model) -> Optional[str]:
@@ -258,7 +265,7 @@ def inspect_checkpoint(path: str, model=None, need_optimizer_state: bool = True,
     if model is not None:
         misfit = _misfit(state["model"], model)
         if misfit:
-            return ResumeCandidate(path, num_updates, mtime, misfit)
+            return ResumeCandidate(path, num_updates, mtime, misfit, misfit=True)
     return ResumeCandidate(path, num_updates, mtime)
 
 
@@ -301,6 +308,9 @@ def load_checkpoint(cfg, trainer, **passthrough_args):
     Raises:
         TruncatedCheckpointError: ``checkpoint_last.pt`` is truncated and no checkpoint of the save dir
             may be resumed from.
+        ForeignCheckpointError: ``checkpoint_last.pt`` is of another model (its residual scheme, ``--norm`` or
+            shapes) and no checkpoint of the save dir may be resumed from; fairseq would otherwise load it and
+            end on its generic "Cannot load model parameters" exception, the reason buried in the chain.
     """
     remove_stale_temporaries(cfg.save_dir)
     suffix = trainer.checkpoint_suffix or ""
@@ -325,6 +335,13 @@ def load_checkpoint(cfg, trainer, **passthrough_args):
         elif chosen is None or c.mtime > chosen.mtime:
             logger.info(f"{os.path.basename(c.path)} is not a training checkpoint, not resumed from: {c.problem}")
     if chosen is None or os.path.abspath(chosen.path) == os.path.abspath(last):
+        foreign = next((c for c in rejected if c.misfit and os.path.abspath(c.path) == os.path.abspath(last)), None)
+        if chosen is None and foreign is not None:
+            raise ForeignCheckpointError(
+                f"{last} is not a checkpoint of this run's model: {foreign.problem}; {cfg.save_dir} holds no "
+                f"checkpoint of this run to resume from. Resume with the settings it was trained with, or point "
+                f"--save-dir elsewhere to train this model from scratch (nothing was loaded or overwritten)"
+            )
         if last_exists and not last_complete and chosen is None:
             raise TruncatedCheckpointError(
                 f"{last} is incomplete ({os.path.getsize(last)} bytes; cut short while it was written) "

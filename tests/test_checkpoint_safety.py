@@ -356,3 +356,22 @@ def test_a_resumed_run_removes_what_killed_saves_left(tmp_path, monkeypatch):
     cfg = argparse.Namespace(save_dir=str(tmp_path), restore_file="other.pt")
     assert checkpoint_safety.load_checkpoint(cfg, argparse.Namespace(checkpoint_suffix="")) == "loaded"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
+
+
+def test_a_save_dir_of_another_scheme_is_refused_with_its_reason(foreign_checkpoints, tiny_data_bin, tmp_path):
+    """Resuming with another --residual-scheme in a save dir that holds only the other scheme's checkpoints: the
+    plugin names the mismatch before fairseq's load fails with its generic 'Cannot load model parameters'."""
+    import shutil
+
+    _, data_bin = tiny_data_bin
+    save = tmp_path / "ckpt"
+    save.mkdir()
+    shutil.copyfile(foreign_checkpoints["scheme"], save / "checkpoint_last.pt")  # a pre_ln run's
+    before = (save / "checkpoint_last.pt").read_bytes()
+    with pytest.raises(AssertionError) as raised:
+        fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 5, *TRAIN)
+    message = str(raised.value).split("\n")[0]
+    assert message.count("<-") == 0, message  # the plugin's error itself, not one fairseq wrapped
+    assert "ForeignCheckpointError" in message and "checkpoint_last.pt is not a checkpoint of this run's model" in message
+    assert "residual scheme 'pre_ln', this run's uses 'post_ln'" in message and "point --save-dir elsewhere" in message
+    assert (save / "checkpoint_last.pt").read_bytes() == before and os.listdir(save) == ["checkpoint_last.pt"]
