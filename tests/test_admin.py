@@ -403,3 +403,16 @@ def test_profile_exporter_on_empty_or_truncated_checkpoint_exits_1_naming_it(tmp
     assert err.startswith(f"error: {notckpt} cannot be read as a fairseq checkpoint (UnpicklingError: ") and "admin" in err, err
     assert "weights_only" not in err  # torch's advice to load unsafely is not passed on
     assert not out.exists()
+
+
+def test_profile_exporter_on_a_checkpoint_of_another_scheme_names_that_scheme(tmp_path, capsys):
+    from conftest import build_model
+
+    model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", "resi_dual")
+    ckpt, out = tmp_path / "checkpoint_last.pt", tmp_path / "profile.ratio.init"
+    torch.save({"model": model.state_dict()}, ckpt)
+    assert admin_profile.main([str(ckpt), str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {ckpt} is not a checkpoint of a --residual-scheme admin model (its encoder's "
+                          "scheme: resi_dual)"), err
+    assert not out.exists()
