@@ -517,3 +517,15 @@ def test_bad_input_messages(trained, data, tmp_path, capsys):
         for phrase in phrases:
             assert phrase in err, (phrase, err)
     assert not os.path.exists(tmp_path / "analysis.json")
+
+
+def test_the_summary_says_what_a_missing_gradient_ratio_means():
+    from fairseq_residual.analyze import summary_table
+
+    def run(enc):
+        return dict(label="ReZero", encoder_layers=2, decoder_layers=2, cosine_consecutive={"encoder": [1.0],
+                    "decoder": [1.0]}, grad_norm_low_top={"encoder": enc, "decoder": 0.446})
+
+    lines = summary_table([run(None)]).splitlines()
+    assert lines[1].split()[2] == "-" and lines[-1].startswith("(grad L1/top '-': the top layer's gradient norm is 0")
+    assert len(summary_table([run(0.5)]).splitlines()) == 2  # every ratio measured: no note

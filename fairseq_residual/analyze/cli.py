@@ -193,7 +193,8 @@ def run(args, extra=(), argv=None):
 
 
 def summary_table(runs):
-    """A plain-text table of the headline numbers of each run."""
+    """A plain-text table of the headline numbers of each run; a line under it says what ``-`` in a gradient
+    ratio means where one is."""
     rows = [("model", "layers", "enc grad L1/top", "dec grad L1/top", "enc cos top", "dec cos top",
              "max|x_d| enc/dec", "safe c enc/dec")]
     for run in runs:
@@ -211,7 +212,11 @@ def summary_table(runs):
             "-" if not dual else f"{fmt(dual['encoder']['safe_scale'])}/{fmt(dual['decoder']['safe_scale'])}",
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+    if any(v is None for run in runs for v in run["grad_norm_low_top"].values()):
+        table += ("\n(grad L1/top '-': the top layer's gradient norm is 0, so there is no ratio; e.g. ReZero at "
+                  "initialisation, whose alpha = 0 leaves its layers' weights without gradient)")
+    return table
 
 
 #: loggers whose INFO chatter the tool hides unless --verbose

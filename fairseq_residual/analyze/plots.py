@@ -165,7 +165,9 @@ def write_plots(runs, out_dir, meta, dpi=90):
     # 5. multi-stream schemes: how alike the streams are, how far their mixing is from the identity
     stream_runs = [(i, r) for i, r in enumerate(runs) if r.get("stream_cosine")]
     if stream_runs:
-        fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+        # the mixing row only where a run has a mixing (hyper-connections, mHC): two-stream schemes have none
+        mixing = any(r.get("mixing_distance") for _, r in stream_runs)
+        fig, axes = plt.subplots(2 if mixing else 1, 2, figsize=(11, 7.5 if mixing else 4.2), squeeze=False)
         for col, s in enumerate(STACKS):
             n = 0
             for i, run in stream_runs:
@@ -176,12 +178,14 @@ def write_plots(runs, out_dir, meta, dpi=90):
                     dist = _nan(run["mixing_distance"][s])
                     axes[1, col].plot(range(1, len(dist) + 1), dist, label=run["label"], **_style(i, run))
             layers_axis(axes[0, col], n, s, "mean cos between streams (1: collapsed)")
-            layers_axis(axes[1, col], n, s, "||M - I||_F / sqrt(n), M the layer's mixing")
+            if mixing:
+                layers_axis(axes[1, col], n, s, "||M - I||_F / sqrt(n), M the layer's mixing")
             for ax in axes[:, col]:
-                ax.legend(fontsize=8)
-        fig.suptitle("Residual streams: their mean pairwise cosine after each layer (streams collapsing into one "
-                     "approach 1) and the distance of each layer's effective stream mixing from the identity\n"
-                     f"({what})", fontsize=10)
+                if ax.get_legend_handles_labels()[0]:
+                    ax.legend(fontsize=8)
+        fig.suptitle("Residual streams: their mean pairwise cosine after each layer (streams collapsing into one\n"
+                     "approach 1)" + (" and the distance of each layer's effective stream mixing from the identity"
+                                      if mixing else "") + f"\n({what})", fontsize=10)
         save(fig, "streams.png")
     for run in runs:
         run.pop("_unique_scheme", None)
