@@ -202,7 +202,7 @@ def _misfit(saved: dict, model) -> Optional[str]:
                 theirs = scheme_by_id(int(saved[key])).name
             except ValueError:
                 theirs = f"id {int(saved[key])}"
-            return (f"its {stack} was trained with residual scheme '{theirs}', this run's uses "
+            return (f"its {stack} was trained with residual scheme '{theirs}', this run's uses residual scheme "
                     f"'{scheme_by_id(int(own[key])).name}'")
         key = f"{stack}.residual_norm_id"  # --norm: absent for LayerNorm
         if f"{stack}.residual_scheme_id" in own:
@@ -223,6 +223,18 @@ def _misfit(saved: dict, model) -> Optional[str]:
         named = [f"tensor shapes differ (it has {dict(extra) or 'none'} that this run does not, and lacks "
                  f"{dict(lacking) or 'none'})"]
     return "another model: " + "; ".join(named[:3]) + (" ..." if len(named) > 3 else "")
+
+
+def _trained_scheme(path: str) -> Optional[str]:
+    """The residual scheme the encoder of checkpoint ``path`` was trained with (its ``residual_scheme_id``
+    buffer), or None where it has none or cannot be read."""
+    from .schemes import scheme_by_id
+
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        return scheme_by_id(int(state["model"]["encoder.residual_scheme_id"])).name
+    except Exception:  # noqa: BLE001  (only a hint for the message)
+        return None
 
 
 def inspect_checkpoint(path: str, model=None, need_optimizer_state: bool = True,
@@ -337,10 +349,13 @@ def load_checkpoint(cfg, trainer, **passthrough_args):
     if chosen is None or os.path.abspath(chosen.path) == os.path.abspath(last):
         foreign = next((c for c in rejected if c.misfit and os.path.abspath(c.path) == os.path.abspath(last)), None)
         if chosen is None and foreign is not None:
+            scheme = _trained_scheme(last)
+            settings = f"--residual-scheme {scheme}" if scheme and "residual scheme" in foreign.problem else (
+                "the settings it was trained with")
             raise ForeignCheckpointError(
                 f"{last} is not a checkpoint of this run's model: {foreign.problem}; {cfg.save_dir} holds no "
-                f"checkpoint of this run to resume from. Resume with the settings it was trained with, or point "
-                f"--save-dir elsewhere to train this model from scratch (nothing was loaded or overwritten)"
+                f"checkpoint of this run to resume from. Resume with {settings}, or point --save-dir elsewhere to "
+                f"train this model from scratch (nothing was loaded or overwritten)"
             )
         if last_exists and not last_complete and chosen is None:
             raise TruncatedCheckpointError(

@@ -304,7 +304,8 @@ def test_fit_check_compares_schemes_and_shapes_without_touching_the_model():
     renamed = {("old." + k if "fc1" in k else k): v for k, v in own.items()}  # names alone do not count
     assert _misfit(renamed, model) is None
     other = dict(own, **{"encoder.residual_scheme_id": torch.tensor(0)})
-    assert _misfit(other, model) == "its encoder was trained with residual scheme 'post_ln', this run's uses 'pre_ln'"
+    assert _misfit(other, model) == ("its encoder was trained with residual scheme 'post_ln', this run's uses residual "
+                                     "scheme 'pre_ln'")
     wider = dict(own, **{"decoder.layers.1.fc2.weight": torch.zeros(64, 32)})
     assert _misfit(wider, model) == ("another model: decoder.layers.1.fc2.weight has shape (64, 32), "
                                      "this run's (64, 64)")
@@ -372,6 +373,8 @@ def test_a_save_dir_of_another_scheme_is_refused_with_its_reason(foreign_checkpo
         fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 5, *TRAIN)
     message = str(raised.value).split("\n")[0]
     assert message.count("<-") == 0, message  # the plugin's error itself, not one fairseq wrapped
-    assert "ForeignCheckpointError" in message and "checkpoint_last.pt is not a checkpoint of this run's model" in message
-    assert "residual scheme 'pre_ln', this run's uses 'post_ln'" in message and "point --save-dir elsewhere" in message
+    assert "ForeignCheckpointError" in message
+    assert "checkpoint_last.pt is not a checkpoint of this run's model" in message
+    assert "residual scheme 'pre_ln', this run's uses residual scheme 'post_ln'" in message
+    assert "Resume with --residual-scheme pre_ln, or point --save-dir elsewhere" in message
     assert (save / "checkpoint_last.pt").read_bytes() == before and os.listdir(save) == ["checkpoint_last.pt"]

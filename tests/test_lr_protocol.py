@@ -96,7 +96,8 @@ class FakeTrain:
                 return 1, 1.0
             nll = outcome + 0.01 * seed + (0.2 if opt("--warmup-updates") == "1" else 0.0)
             for u in range(1, updates + 1):
-                log.write(f'| train_inner | {{"num_updates": "{u}", "loss": "{nll + 1}", "nll_loss": "{nll - 1 + u}"}}\n')
+                log.write(f'| train_inner | {{"num_updates": "{u}", "loss": "{nll + 1}", '
+                          f'"nll_loss": "{nll - 1 + u}"}}\n')
             log.write(f'| valid | {{"valid_loss": "{nll + 0.5}", "valid_nll_loss": "{nll}", '
                       f'"valid_ppl": "{2 ** nll}", "valid_num_updates": "{updates}"}}\n')
         with open(os.path.join(opt("--save-dir"), "checkpoint_last.pt"), "w") as f:
