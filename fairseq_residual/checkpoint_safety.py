@@ -225,16 +225,27 @@ def _misfit(saved: dict, model) -> Optional[str]:
     return "another model: " + "; ".join(named[:3]) + (" ..." if len(named) > 3 else "")
 
 
-def _trained_scheme(path: str) -> Optional[str]:
-    """The residual scheme the encoder of checkpoint ``path`` was trained with (its ``residual_scheme_id``
-    buffer), or None where it has none or cannot be read."""
+def trained_scheme(model_state: dict) -> Optional[str]:
+    """The residual scheme the encoder of a checkpoint's model state (its ``model``) was trained with, from its
+    ``residual_scheme_id`` buffer; None for a state without one (not this plugin's) or with an unknown id."""
     from .schemes import scheme_by_id
 
+    scheme_id = model_state.get("encoder.residual_scheme_id")
+    if not torch.is_tensor(scheme_id):
+        return None
+    try:
+        return scheme_by_id(int(scheme_id)).name
+    except ValueError:
+        return None
+
+
+def _trained_scheme(path: str) -> Optional[str]:
+    """:func:`trained_scheme` of the checkpoint file ``path``, or None where it cannot be read."""
     try:
         state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-        return scheme_by_id(int(state["model"]["encoder.residual_scheme_id"])).name
-    except Exception:  # noqa: BLE001  (only a hint for the message)
+    except Exception:  # noqa: BLE001  (only a hint for the message; the file was read once already)
         return None
+    return trained_scheme(state.get("model") or {}) if isinstance(state, dict) else None
 
 
 def inspect_checkpoint(path: str, model=None, need_optimizer_state: bool = True,

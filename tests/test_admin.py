@@ -413,6 +413,6 @@ def test_profile_exporter_on_a_checkpoint_of_another_scheme_names_that_scheme(tm
     torch.save({"model": model.state_dict()}, ckpt)
     assert admin_profile.main([str(ckpt), str(out)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {ckpt} is not a checkpoint of a --residual-scheme admin model (its encoder's "
+    assert err.startswith(f"error: {ckpt} is not a checkpoint of a --residual-scheme admin model (its encoder "
                           "scheme: resi_dual)"), err
     assert not out.exists()

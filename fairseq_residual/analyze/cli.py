@@ -27,8 +27,8 @@ def build_parser():
         prog=PROG,
         description="Per-layer gradient norms, consecutive-layer cosine similarity, the residual streams of "
         "multi-stream schemes and ResiDual's dual-stream range, for a residual_transformer of any registered "
-        "scheme, on a checkpoint or a fresh model, written as JSON and PNG plots. Other fairseq model options (e.g. --activation-fn "
-        "gelu) are passed to fairseq for fresh models.",
+        "scheme, on a checkpoint or a fresh model, written as JSON and PNG plots. Other fairseq model options "
+        "(e.g. --activation-fn gelu) are passed to fairseq for fresh models.",
         epilog="Definitions and the --resi-dual-scale rule: python -c 'import fairseq_residual."
         "analyze as a; help(a)', or docs/analysis.md.",
     )

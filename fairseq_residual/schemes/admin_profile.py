@@ -130,15 +130,12 @@ def export_profile(checkpoint: str, out: str) -> None:
     for stack in STACKS:  # checkpoints of earlier versions of this plugin
         SCHEME.upgrade_state_dict(state, f"{stack}.", stack, SchemeOptions("admin"))
     if "encoder.residual.profile" not in state:
-        from . import scheme_by_id
+        from fairseq_residual.checkpoint_safety import trained_scheme
 
-        scheme_id = state.get("encoder.residual_scheme_id")
-        try:
-            theirs = f" (its encoder's scheme: {scheme_by_id(int(scheme_id)).name})" if torch.is_tensor(scheme_id) else ""
-        except ValueError:
-            theirs = ""
-        raise ValueError(f"{checkpoint} is not a checkpoint of a --residual-scheme admin model{theirs}: pass one that "
-                         f"fairseq-train --residual-scheme admin wrote")
+        theirs = trained_scheme(state)
+        raise ValueError(f"{checkpoint} is not a checkpoint of a --residual-scheme admin model"
+                         f"{f' (its encoder scheme: {theirs})' if theirs else ''}: pass one that fairseq-train "
+                         f"--residual-scheme admin wrote")
     if not (int(state["encoder.residual.profiled"]) and int(state["decoder.residual.profiled"])):
         raise ValueError(f"{checkpoint} was saved before its first training batch: it has no profile yet")
     write_profile(out, state["encoder.residual.profile"].tolist(), state["decoder.residual.profile"].tolist())
