@@ -81,10 +81,15 @@ def select(args, data, rows):
             {folder_name(args, data, *c) for c in sel})
 
 
-def folder_name(args, data, row, condition, seed, lr=None):
-    """The folder name of one cell of this grid (its settings' hash; :func:`.cell.folder`)."""
+def cell_folder(args, data, row, condition, seed, lr=None):
+    """The folder of one cell of this grid (named by its settings' hash, not by its updates; :func:`.cell.folder`)."""
     ns, depth = cell_args(args, condition, seed, row, lr)
-    return os.path.basename(cell.folder(args.out, cell.settings(ns, resolve(row)[0], depth, data)))
+    return cell.folder(args.out, cell.settings(ns, resolve(row)[0], depth, data))
+
+
+def folder_name(args, data, row, condition, seed, lr=None):
+    """The name of :func:`cell_folder`."""
+    return os.path.basename(cell_folder(args, data, row, condition, seed, lr))
 
 
 def tuned_cells(args, rows, choices):
@@ -102,15 +107,13 @@ def study(args):
     cells = [(r, c, k) for c in args.conditions for r in rows for k in args.seeds]
     if args.dry_run:
         for r, c, k in cells:
-            ns, depth = cell_args(args, c, k, r)
-            print(f"{r} {c} seed {k}: {cell.folder(args.out, cell.settings(ns, resolve(r)[0], depth, data))}")
+            print(f"{r} {c} seed {k}: {cell_folder(args, data, r, c, k)}")
         if args.lr_grid:
             for c in lr_protocol.selection_conditions(args.conditions):
                 for r in rows:
                     for lr in args.lr_grid:
-                        ns, depth = cell_args(args, c, args.select_seed, r, lr)
                         print(f"{r} {c} seed {args.select_seed} lr {lr:g} (selection, {args.select_updates} "
-                              f"updates): {cell.folder(args.out, cell.settings(ns, resolve(r)[0], depth, data))}")
+                              f"updates): {cell_folder(args, data, r, c, args.select_seed, lr)}")
             print(f"then seeds {','.join(map(str, args.tune_seeds))} of every row and condition at the row's "
                   "chosen learning rate")
         return 0

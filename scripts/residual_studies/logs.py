@@ -80,16 +80,17 @@ def _by_update(records, updates_key, value_key):
     return out
 
 
-def valid_nll_by_update(train_log):
-    """``{updates: valid nll}`` from fairseq's validation records in a training log (bits per token)."""
-    return _by_update(read_train_log(train_log)["valid"], "valid_num_updates", "valid_nll_loss")
+def valid_nll_by_update(train_log, log=None):
+    """``{updates: valid nll}`` from fairseq's validation records in a training log (bits per token); ``log``:
+    the log already read (:func:`read_train_log`), or None to read it."""
+    return _by_update((log or read_train_log(train_log))["valid"], "valid_num_updates", "valid_nll_loss")
 
 
-def train_nll_by_update(train_log):
+def train_nll_by_update(train_log, log=None):
     """``{updates: training nll}`` from fairseq's ``train_inner`` records of a training log (bits per token, with
     dropout, each the mean over the ``--log-interval`` updates up to ``updates``); a resumed run logs some updates
-    twice, and the later record wins."""
-    return _by_update(read_train_log(train_log)["train_inner"], "num_updates", "nll_loss")
+    twice, and the later record wins. ``log`` as :func:`valid_nll_by_update`'s."""
+    return _by_update((log or read_train_log(train_log))["train_inner"], "num_updates", "nll_loss")
 
 
 def read_generate(path):

@@ -34,7 +34,7 @@ from fairseq_residual import paper_results
 from .claims import CONDITIONS, cell_metrics, row_color, row_label
 from .claims_report import plateau
 from .files import read_json, write_json
-from .logs import train_nll_by_update, valid_nll_by_update
+from .logs import read_train_log, train_nll_by_update, valid_nll_by_update
 from .report import _pyplot, markdown_table, scoring_text
 from .stats import mean_sd, ms_text, verdict
 
@@ -579,11 +579,13 @@ def train_curve(run_dir):
     nll in bits], ...]``, one point per validation ``updates`` of :func:`valid_curve`, the mean of the
     ``train_inner`` records (:func:`.logs.train_nll_by_update`, every ``--log-interval`` updates, with dropout)
     logged after the previous validation and up to it; a validation without such records has no point."""
-    records = {}
+    records, validations = {}, {}
     for path in sorted(glob.glob(os.path.join(run_dir, "train-u*.log"))):
-        records.update(train_nll_by_update(path))
+        log = read_train_log(path)  # once for both kinds of record
+        records.update(train_nll_by_update(path, log))
+        validations.update(valid_nll_by_update(path, log))
     points, previous = [], 0
-    for u, _ in valid_curve(run_dir):
+    for u in sorted(validations):
         window = [v for n, v in records.items() if previous < n <= u]
         if window:
             points.append([u, statistics.fmean(window)])
