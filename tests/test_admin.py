@@ -416,3 +416,11 @@ def test_profile_exporter_on_a_checkpoint_of_another_scheme_names_that_scheme(tm
     assert err.startswith(f"error: {ckpt} is not a checkpoint of a --residual-scheme admin model (its encoder "
                           "scheme: resi_dual)"), err
     assert not out.exists()
+
+
+def test_profile_exporter_help_exits_0_and_a_usage_error_exits_2(capsys):
+    assert admin_profile.main(["--help"]) == 0
+    assert "CHECKPOINT [OUT]" in capsys.readouterr().out
+    assert admin_profile.main([]) == 2
+    assert "the following arguments are required: CHECKPOINT" in capsys.readouterr().err
+    assert admin_profile.main(["a.pt", "out", "extra"]) == 2

@@ -144,7 +144,7 @@ def export_profile(checkpoint: str, out: str) -> None:
 def main(argv=None):
     """``fairseq-residual-admin-profile CHECKPOINT [OUT]``: export an Admin checkpoint's profile.
 
-    Returns 0 when OUT was written; 2 for a usage error; 1, after one ``error: ...`` line on stderr naming
+    Returns 0 when OUT was written or ``--help`` printed; 2 for a usage error (argparse's message on stderr); 1, after one ``error: ...`` line on stderr naming
     the checkpoint and the fix, when it is missing, empty or truncated, not a fairseq checkpoint, not of an
     Admin model or not yet profiled (no traceback).
     """
@@ -153,13 +153,24 @@ def main(argv=None):
 
     from fairseq_residual.checkpoint_safety import TruncatedCheckpointError
 
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) not in (1, 2) or argv[0] in ("-h", "--help"):
-        print("usage: fairseq-residual-admin-profile CHECKPOINT [OUT (default profile.ratio.init)]")
-        return 2
-    out = argv[1] if len(argv) == 2 else "profile.ratio.init"
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="fairseq-residual-admin-profile",
+        description="Write the profile saved in a checkpoint of a --residual-scheme admin model in the "
+        "reference's profile.ratio.init format ('k r' per sub-layer), for --admin-profile FILE.",
+    )
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint fairseq-train wrote, e.g. "
+                        "checkpoints/checkpoint_last.pt")
+    parser.add_argument("out", metavar="OUT", nargs="?", default="profile.ratio.init",
+                        help="the profile to write (default: %(default)s)")
     try:
-        export_profile(argv[0], out)
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2, after argparse's message on stderr)
+        return e.code
+    checkpoint, out = args.checkpoint, args.out
+    try:
+        export_profile(checkpoint, out)
     except (OSError, ValueError, TruncatedCheckpointError) as e:  # each names the file and the fix
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -167,7 +178,7 @@ def main(argv=None):
         # torch.load's reason, without its advice to load unsafely (weights_only=False)
         unpickler = re.search(r"WeightsUnpickler error:\s*([^\n]+?)(?:\.\s|\n|$)", str(e))
         reason = unpickler.group(1) if unpickler else (str(e).strip().splitlines() or [""])[0][:300]
-        print(f"error: {argv[0]} cannot be read as a fairseq checkpoint ({type(e).__name__}: {reason}): pass "
+        print(f"error: {checkpoint} cannot be read as a fairseq checkpoint ({type(e).__name__}: {reason}): pass "
               f"a checkpoint that fairseq-train --residual-scheme admin wrote (e.g. its checkpoint_last.pt)",
               file=sys.stderr)
         return 1
