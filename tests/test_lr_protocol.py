@@ -510,7 +510,7 @@ def test_equal_compute_reads_each_row_at_pre_lns_cpu_seconds_and_the_curve_gives
     assert "the same at idle costs" in text and "5.030 ± 0.010 at 2000 updates" in text
 
 
-def test_a_cells_training_curve_is_its_training_nll_between_validations(tmp_path):
+def test_a_cells_curves_are_its_validations_and_its_training_nll_between_them(tmp_path):
     """The mean of the train_inner records after each validation and up to the next; a resumed run's repeated
     updates count once, with the later record; a record without nll_loss is skipped."""
     lines = [f'| train_inner | {{"num_updates": "{u}", "nll_loss": "{10 - u / 100}"}}' for u in (25, 50, 75, 100)]
@@ -521,17 +521,19 @@ def test_a_cells_training_curve_is_its_training_nll_between_validations(tmp_path
               '| train_inner | {"num_updates": "150", "nll_loss": "6.0"}',
               '| valid | {"valid_nll_loss": "8.5", "valid_num_updates": "150"}']
     (tmp_path / "train-u150.log").write_text("\n".join(lines) + "\n")
-    assert ranking.train_curve(str(tmp_path)) == [[50, pytest.approx(9.625)], [100, pytest.approx(8.125)],
-                                                  [150, 6.0]]
-    assert ranking.cell_train_curve(str(tmp_path)) == ranking.train_curve(str(tmp_path))
-    os.remove(tmp_path / "train-u150.log")  # an archived cell: its train_curve.json
-    assert ranking.cell_train_curve(str(tmp_path)) == []
+    valid, train = ranking.log_curves(str(tmp_path))
+    assert valid == [[50, 9.5], [100, 9.0], [150, 8.5]]
+    assert train == [[50, pytest.approx(9.625)], [100, pytest.approx(8.125)], [150, 6.0]]
+    assert ranking.cell_curves(str(tmp_path)) == (valid, train)
+    os.remove(tmp_path / "train-u150.log")  # an archived cell: its curve.json and train_curve.json
+    assert ranking.cell_curves(str(tmp_path)) == ([], [])
+    (tmp_path / "curve.json").write_text(json.dumps([[150, 8.5]]))
     (tmp_path / "train_curve.json").write_text(json.dumps([[150, 6.0]]))
-    assert ranking.cell_train_curve(str(tmp_path)) == [[150, 6.0]]
+    assert ranking.cell_curves(str(tmp_path)) == ([[150, 8.5]], [[150, 6.0]])
     # restored from that archive and trained on: the new segment's log adds its points, the archive keeps the rest
     (tmp_path / "train-u200.log").write_text('| train_inner | {"num_updates": "200", "nll_loss": "5.0"}\n'
                                              '| valid | {"valid_nll_loss": "8.0", "valid_num_updates": "200"}\n')
-    assert ranking.cell_train_curve(str(tmp_path)) == [[150, 6.0], [200, 5.0]]
+    assert ranking.cell_curves(str(tmp_path)) == ([[150, 8.5], [200, 8.0]], [[150, 6.0], [200, 5.0]])
 
 
 def test_the_training_nll_column_averages_the_seeds_that_trained(tmp_path):

@@ -385,16 +385,13 @@ def _merged(archived, logged):
     return [[u, points[u]] for u in sorted(points)]
 
 
-def cell_curve(run_dir):
-    """A cell's validation curve ``[[updates, valid nll], ...]``: from its logs (:func:`valid_curve`) and the
-    archived ``curve.json`` (:func:`_merged`)."""
-    return _merged(read_json(os.path.join(run_dir, "curve.json")), valid_curve(run_dir))
-
-
-def cell_train_curve(run_dir):
-    """A cell's training curve ``[[updates, training nll], ...]``: from its logs (:func:`train_curve`) and the
-    archived ``train_curve.json`` (:func:`_merged`; none for a cell archived before it was kept)."""
-    return _merged(read_json(os.path.join(run_dir, "train_curve.json")), train_curve(run_dir))
+def cell_curves(run_dir):
+    """A cell's validation curve ``[[updates, valid nll], ...]`` and training curve ``[[updates, training nll],
+    ...]``: from its logs (:func:`log_curves`, each log read once) and the archived ``curve.json`` and
+    ``train_curve.json`` (:func:`_merged`; no training curve for a cell archived before it was kept)."""
+    valid, train = log_curves(run_dir)
+    return (_merged(read_json(os.path.join(run_dir, "curve.json")), valid),
+            _merged(read_json(os.path.join(run_dir, "train_curve.json")), train))
 
 
 def _at(curve, updates):
@@ -440,7 +437,7 @@ def equal_compute(out, results, budget, idle=None):
         "curve", "train_nll": (mean, sd, n), "train_text", "machines"[, "idle"]}}``; curve: ``{updates: valid
         nll}``, the mean over the seeds that did not diverge or fail (over all where none did) at the validations
         they share; lowest: :func:`lowest_point` of the curve; train_nll: the training nll of the seeds that did
-        not diverge or fail over the validation interval ending at ``budget`` (:func:`cell_train_curve`; n = 0
+        not diverge or fail over the validation interval ending at ``budget`` (:func:`cell_curves`; n = 0
         where none has it; train_text names n where fewer seeds have it than trained);
         machines: those the row's cells trained on (:func:`cell_machine`).
     """
@@ -455,8 +452,8 @@ def equal_compute(out, results, budget, idle=None):
     total = rate.get(BASELINE) and rate[BASELINE] * budget
     found = {}
     for row, mine in cells.items():
-        read = [(r["status"] == "ok", [tuple(p) for p in cell_curve(os.path.join(out, "cells", r["cell"]))])
-                for r in mine if r.get("cell")]
+        both = {r["cell"]: cell_curves(os.path.join(out, "cells", r["cell"])) for r in mine if r.get("cell")}
+        read = [(r["status"] == "ok", [tuple(p) for p in both[r["cell"]][0]]) for r in mine if r.get("cell")]
         curves = [c for _, c in read if c]
         # the seed-mean curve of the seeds that trained (those the ranking's valid nll averages), else of all
         by_update = [dict(c) for ok, c in read if ok and c] or [dict(c) for c in curves]
@@ -464,7 +461,7 @@ def equal_compute(out, results, budget, idle=None):
         mean_curve = {u: mean_sd([d[u] for d in by_update])[0] for u in common}
         # the training nll of the seeds the valid nll averages (those that trained); none for a row without one
         ok = [r for r in mine if r.get("cell") and r["status"] == "ok"]
-        trained = [dict(map(tuple, cell_train_curve(os.path.join(out, "cells", r["cell"])))).get(budget) for r in ok]
+        trained = [dict(map(tuple, both[r["cell"]][1])).get(budget) for r in ok]
         train_nll = mean_sd(trained)
         train_text = ms_text(trained, 3) + (f" (n = {train_nll[2]})" if 0 < train_nll[2] < len(ok) else "")
         entry = dict(_read_at(curves, total, rate[row], budget), curve=mean_curve,
@@ -565,32 +562,28 @@ def _machines(run_dirs):
     return "; ".join(f"{name} ({n})" for name, n in counts.items()) or "-"
 
 
-def valid_curve(run_dir):
-    """A cell's validation curve from its fairseq logs (``train-u*.log``): ``[[updates, valid nll in bits],
-    ...]`` in update order, one point per validation (the cells validate at every checkpoint)."""
-    points = {}
-    for path in sorted(glob.glob(os.path.join(run_dir, "train-u*.log"))):
-        points.update(valid_nll_by_update(path))
-    return [[u, points[u]] for u in sorted(points)]
+def log_curves(run_dir):
+    """A cell's validation and training curves from its fairseq logs (``train-u*.log``, each read once).
 
-
-def train_curve(run_dir):
-    """A cell's training nll between its validations, from its fairseq logs (``train-u*.log``): ``[[updates,
-    nll in bits], ...]``, one point per validation ``updates`` of :func:`valid_curve`, the mean of the
-    ``train_inner`` records (:func:`.logs.train_nll_by_update`, every ``--log-interval`` updates, with dropout)
-    logged after the previous validation and up to it; a validation without such records has no point."""
+    Returns:
+        ``(valid, train)``: valid ``[[updates, valid nll in bits], ...]`` in update order, one point per
+        validation (the cells validate at every checkpoint); train ``[[updates, nll in bits], ...]``, one point
+        per validation ``updates``, the mean of the ``train_inner`` records (:func:`.logs.train_nll_by_update`,
+        every ``--log-interval`` updates, with dropout) logged after the previous validation and up to it; a
+        validation without such records has no training point.
+    """
     records, validations = {}, {}
     for path in sorted(glob.glob(os.path.join(run_dir, "train-u*.log"))):
         log = read_train_log(path)  # once for both kinds of record
         records.update(train_nll_by_update(path, log))
         validations.update(valid_nll_by_update(path, log))
-    points, previous = [], 0
+    train, previous = [], 0
     for u in sorted(validations):
         window = [v for n, v in records.items() if previous < n <= u]
         if window:
-            points.append([u, statistics.fmean(window)])
+            train.append([u, statistics.fmean(window)])
         previous = u
-    return points
+    return [[u, validations[u]] for u in sorted(validations)], train
 
 
 #: a finished cell's small files that the archive keeps (never checkpoints or logs)
@@ -599,9 +592,8 @@ ARCHIVED = ("settings.json", "train_state.json", "budgets/u*/result.json", "budg
 
 def archive(out, dest, cells=None):
     """Copy every finished cell's small files from the study folder ``out`` into ``dest/cells`` (the same
-    layout, plus ``curve.json``, its validation curve, :func:`cell_curve` (from its logs, or from the archive a
-    cell restored from one brought), ``train_curve.json``, its training nll between validations,
-    :func:`cell_train_curve`, and ``cost.json``, its training
+    layout, plus ``curve.json``, its validation curve, :func:`cell_curves` (from its logs, or from the archive a
+    cell restored from one brought), ``train_curve.json``, its training nll between validations (the same), and ``cost.json``, its training
     CPU-seconds and the updates they trained, :func:`training_cost`, and the machine they ran on,
     :func:`cell_machine`: costs measured on different CPUs do not compare), so that the report can be
     rebuilt, and the study resumed on another machine, from what a repository holds: copy ``dest/cells``
@@ -621,9 +613,9 @@ def archive(out, dest, cells=None):
                 dst = os.path.join(target, os.path.relpath(src, run_dir))
                 os.makedirs(os.path.dirname(dst), exist_ok=True)
                 shutil.copyfile(src, dst)
+        valid_points, trained_curve = cell_curves(run_dir)
         with open(os.path.join(target, "curve.json"), "w", encoding="utf-8") as f:
-            json.dump(cell_curve(run_dir), f)
-        trained_curve = cell_train_curve(run_dir)
+            json.dump(valid_points, f)
         if trained_curve:
             with open(os.path.join(target, "train_curve.json"), "w", encoding="utf-8") as f:
                 json.dump(trained_curve, f)
