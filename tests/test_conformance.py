@@ -5,7 +5,8 @@
   negative control that changes the scheme's defining term;
 * incremental decoding equals the full forward pass, also after beam search reorders the batch, and beam
   search's scores equal the teacher-forced ones;
-* state-dict round trip, and a state dict of another scheme refused naming both;
+* state-dict round trip, and a state dict of another scheme refused naming both; a validation after an update
+  through ``p.data`` (fairseq's optimizers) reads the updated parameters;
 * the options: every scheme option refused outside its range (and non-finite) naming its flag, an option
   of another scheme refused the same way for every scheme; fairseq options the scheme cannot honour
   refused by name;
@@ -155,6 +156,34 @@ def test_state_dict_round_trip_and_another_schemes_refused(scheme):
     with torch.no_grad():
         torch.testing.assert_close(log_probs(twin, src, lengths, prev), log_probs(ours, src, lengths, prev),
                                    rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_validation_after_an_update_through_p_data_reads_the_updated_parameters(scheme):
+    """As fairseq's trainer runs: validate (eval, no gradients), ``train()``, an optimizer step that updates
+    every parameter in place through ``p.data`` (``fairseq/optim/adam.py``; it leaves the parameter's version
+    counter as it was), ``eval()``, validate again: the second validation equals a fresh model's with the same
+    parameters (nothing computed from the parameters outlives the update), and differs from the first (the
+    update mattered)."""
+    d = make_dictionary()
+    model = tiny(scheme, d=d)
+    randomise_scheme_parameters(model)
+    src, lengths, prev, _ = random_batch(d)
+    model.eval()
+    with torch.no_grad():
+        before = log_probs(model, src, lengths, prev)
+    model.train()
+    torch.manual_seed(2)
+    for p in model.parameters():
+        p.data.add_(0.05 * torch.randn_like(p))
+    model.eval()
+    fresh = tiny(scheme, d=d)
+    fresh.load_state_dict(model.state_dict())
+    fresh.eval()
+    with torch.no_grad():
+        after = log_probs(model, src, lengths, prev)
+        torch.testing.assert_close(after, log_probs(fresh, src, lengths, prev), rtol=0, atol=0)
+    assert not torch.allclose(after, before, atol=1e-3)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -126,12 +126,23 @@ class StreamsConnection(SublayerResidual):
         parameters' static combinations cached: :meth:`_inference_parts`)."""
         return self.prepare_streams(state)
 
+    def train(self, mode: bool = True):
+        """``nn.Module.train``, dropping the inference cache (:meth:`_inference_parts`) at every switch of mode:
+        fairseq's optimizers update the parameters in place through ``p.data`` (``fairseq/optim/adam.py``),
+        which leaves the version counter the cache's key reads unchanged, and fairseq's trainer switches the
+        model to ``train()`` before every update and to ``eval()`` before validating, so a validation never
+        reads the combinations of an earlier one."""
+        self.__dict__.pop("_parts_cache", None)
+        return super().train(mode)
+
     @torch.jit.unused
     def _inference_parts(self, dtype: torch.dtype):
         """``self._build_parts(dtype)`` (tensors derived from the parameters alone, e.g. concatenations), built
         once and reused while no parameter of this connection changes: the key is every parameter's storage
-        and version counter (bumped by every in-place update: an optimizer step, ``load_state_dict``), and the
-        dtype. Only used without gradients."""
+        and version counter (bumped by an in-place update on the parameter itself: ``torch.optim``'s step,
+        ``load_state_dict``), and the dtype; :meth:`train` drops it at every switch of mode, which covers an
+        update through ``p.data`` (fairseq's optimizers), which the counter does not see. Only used without
+        gradients."""
         # the module's own parameter dict: ``self.parameters()`` walks the module tree, which costs more than the
         # decoding step's arithmetic of the connection
         key = (dtype,) + tuple((p.data_ptr(), p._version) for p in self._parameters.values() if p is not None)
