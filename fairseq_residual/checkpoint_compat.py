@@ -1,7 +1,8 @@
 """Load fairseq checkpoints under torch >= 2.6, whose ``torch.load`` defaults to ``weights_only=True``.
 
 fairseq 0.12 calls ``torch.load(f, map_location="cpu")`` on checkpoints that pickle the training
-``argparse.Namespace`` (and, after some runs, numpy scalars such as a best-BLEU value). With
+``argparse.Namespace`` (and, after some runs, numpy scalars such as a best-BLEU value, and with ``--eval-bleu``
+numpy arrays: the BLEU counts in the saved metrics). With
 ``weights_only=True`` these loads fail with ``Unsupported global: argparse.Namespace``, which breaks
 ``fairseq-generate`` and resuming training. The common workaround,
 ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, turns the safe loader off for every load in the process.
@@ -42,10 +43,14 @@ def _omegaconf_globals():
             *node_types, typing.Any, dict, list, int, float, str, bool, collections.defaultdict]
 
 
-def _numpy_scalar_globals():
-    """What pickle needs to rebuild numpy scalars (``np.float64(...)``): reconstructor and dtypes."""
+def _numpy_globals():
+    """What pickle needs to rebuild numpy scalars (``np.float64(...)``) and numeric arrays: their reconstructors,
+    ``np.ndarray`` and the dtypes. The arrays are the corpus-BLEU counts that ``--eval-bleu`` logs
+    (``fairseq/tasks/translation.py``, ``reduce_metrics``: ``metrics.log_scalar("_bleu_counts", np.array(...))``)
+    and fairseq saves with the metrics in every checkpoint's ``extra_state``; an array of Python objects still
+    needs its objects' own globals, which stay refused."""
     core = getattr(np, "_core", None) or np.core
-    out = [core.multiarray.scalar, np.dtype]
+    out = [core.multiarray.scalar, core.multiarray._reconstruct, np.ndarray, np.dtype]
     dtypes = getattr(np, "dtypes", None)
     if dtypes is not None:
         out += [
@@ -65,7 +70,7 @@ def allow_fairseq_checkpoints():
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is None:
         return []
-    types = FAIRSEQ_CHECKPOINT_GLOBALS + _numpy_scalar_globals() + _omegaconf_globals()
+    types = FAIRSEQ_CHECKPOINT_GLOBALS + _numpy_globals() + _omegaconf_globals()
     add(types)
     return types
 

@@ -378,3 +378,39 @@ def test_a_save_dir_of_another_scheme_is_refused_with_its_reason(foreign_checkpo
     assert "residual scheme 'pre_ln', this run's uses residual scheme 'post_ln'" in message
     assert "Resume with --residual-scheme pre_ln, or point --save-dir elsewhere" in message
     assert (save / "checkpoint_last.pt").read_bytes() == before and os.listdir(save) == ["checkpoint_last.pt"]
+
+
+def test_a_checkpoint_of_an_eval_bleu_run_loads_with_the_safe_loader_and_other_globals_stay_refused(tmp_path):
+    """``--eval-bleu`` (the shipped IWSLT14 and WMT14 configs) logs the corpus-BLEU counts as numpy arrays
+    (``fairseq/tasks/translation.py``, ``reduce_metrics``) and fairseq saves the metrics in every checkpoint;
+    torch.load's default ``weights_only=True`` must read them back (resume, fairseq-generate), while a global
+    outside the allow-list is still refused."""
+    import datetime
+    import pickle
+
+    import numpy as np
+    import torch
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+    from fairseq.logging import metrics
+
+    from conftest import build_model
+
+    model, args, task = build_model("residual_transformer_tiny", "--eval-bleu")
+    record = dict(loss=10.0, nll_loss=9.0, ntokens=10, nsentences=2, sample_size=10, _bleu_sys_len=9,
+                  _bleu_ref_len=10, **{f"_bleu_counts_{i}": 5 - i for i in range(4)},
+                  **{f"_bleu_totals_{i}": 9 - i for i in range(4)})
+    with metrics.aggregate("valid_eval_bleu_checkpoint", new_root=True) as agg:
+        task.reduce_metrics([record], LabelSmoothedCrossEntropyCriterion(task, False, 0.1))
+    saved = {name: meter for _, name, _, meter in agg.state_dict()}  # [(priority, name, class, state), ...]
+    assert isinstance(saved["_bleu_counts"]["val"], np.ndarray)  # what the allow-list must cover
+    path = tmp_path / "checkpoint_last.pt"
+    torch.save({"args": args, "model": model.state_dict(), "extra_state": {"metrics": {"valid": agg.state_dict()}}},
+               path)
+    loaded = torch.load(path)  # weights_only=True: torch's default, as fairseq calls it
+    meters = {name: meter for _, name, _, meter in loaded["extra_state"]["metrics"]["valid"]}
+    np.testing.assert_array_equal(meters["_bleu_counts"]["val"], [5, 4, 3, 2])
+    assert loaded["args"].eval_bleu is True
+
+    torch.save({"extra_state": {"when": datetime.date(2026, 12, 5)}}, tmp_path / "other.pt")
+    with pytest.raises(pickle.UnpicklingError, match="Unsupported global: GLOBAL datetime.date"):
+        torch.load(tmp_path / "other.pt")
