@@ -43,7 +43,7 @@ def test_readme_generated_blocks_match_the_registry():
 def test_every_scheme_option_is_in_the_options_table():
     from fairseq_residual.schemes import SCHEMES
 
-    readme = _read(README)
+    readme = _read(os.path.join(REPO, "docs", "usage.md"))  # the options table's page
     for scheme in SCHEMES:
         for option in scheme.OPTIONS:
             assert f"`{option.flag}" in readme and f"`model.{option.dest}`" in readme, option.flag

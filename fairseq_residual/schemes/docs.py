@@ -1,13 +1,13 @@
-"""The scheme tables of README.md and docs/schemes.md, and the presets table of docs/usage.md, generated from the
+"""The scheme tables of README.md and docs/schemes.md, and the options and presets tables of docs/usage.md, generated from the
 registry and the presets' code: one home for every scheme fact.
 
 Each scheme's formulas, initialisation, sources, recipe and fp16 advice are attributes of its class
 (:class:`~fairseq_residual.schemes.base.ResidualScheme`), its options are its :attr:`OPTIONS`, and what it
 refuses is what its code refuses: :func:`refusals` builds a small model of every scheme with each fairseq
 option of :data:`PROBES` through fairseq's own parser and registry and records which builds fail. The
-tables are written between marker lines of the pages of :data:`PAGES` (README.md: the scheme and options
-tables, what a user chooses from; docs/schemes.md: each scheme's recommended training and what it accepts of
-fairseq's options, which grow by a paragraph and a wide row per scheme; docs/usage.md: the ``--arch`` presets)::
+tables are written between marker lines of the pages of :data:`PAGES` (README.md: the scheme table, what a
+user chooses from; docs/schemes.md: each scheme's recommended training and what it accepts of fairseq's options,
+which grow by a paragraph and a wide row per scheme; docs/usage.md: every option, and the ``--arch`` presets)::
 
     <!-- BEGIN generated: schemes -->
     ...
@@ -120,6 +120,13 @@ def options_table() -> List[str]:
             options.pop(0)
             rows.append([f"{flag} / `{pair.flag} {pair.metavar}` (`model.{o.dest}`, `model.{pair.dest}`)",
                          f"`{s.name}`", _range(o), _default(o), o.help.replace("encoder", "encoder / decoder")])
+    first = {}  # a meaning several schemes' options share (torch.compile's), written out once
+    for row in rows:
+        flag = row[0].split("`")[1]
+        if row[4] in first:
+            row[4] = f"as `{first[row[4]]}`"
+        else:
+            first[row[4]] = flag
     return _table(["option (Hydra key)", "scheme", "range", "default", "meaning"], rows)
 
 
@@ -274,8 +281,8 @@ def _pattern(name: str):
 
 
 #: page (relative to the checkout's root, where README.md is) -> the blocks it holds
-PAGES = {"README.md": ("schemes", "options"), os.path.join("docs", "schemes.md"): ("recipes", "compat"),
-         os.path.join("docs", "usage.md"): ("presets",)}
+PAGES = {"README.md": ("schemes",), os.path.join("docs", "schemes.md"): ("recipes", "compat"),
+         os.path.join("docs", "usage.md"): ("options", "presets")}
 
 
 def render(text: str, names=tuple(BLOCKS)) -> str:
