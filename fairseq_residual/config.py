@@ -91,7 +91,8 @@ def residual_options(args) -> SchemeOptions:
             raise OptionError(
                 f"{', '.join(given)} {'is an option' if len(given) == 1 else 'are options'} of "
                 f"--residual-scheme {scheme.name}, but the scheme is {selected.name}: drop "
-                f"{' '.join(given)} or use --residual-scheme {scheme.name}"
+                f"{' '.join(given)} or use --residual-scheme {scheme.name} (where they come from a checkpoint's "
+                f"saved settings, load it with its own scheme: drop residual_scheme from --model-overrides)"
             )
     selected.check_args(args)
     norm = norm_options(args)

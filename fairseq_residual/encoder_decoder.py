@@ -85,15 +85,18 @@ class _ResidualStackMixin:
             raise SchemeMismatchError(
                 f"the checkpoint's {self.stack} was trained with residual scheme '{saved}' but this "
                 f"model's {self.stack} uses residual scheme '{self.residual_scheme}': load it with "
-                f"--residual-scheme {saved} (model.residual_scheme={saved}), or train the "
-                f"'{self.residual_scheme}' model from scratch in a new --save-dir"
+                f"--residual-scheme {saved} (model.residual_scheme={saved}; fairseq-generate, -interactive and "
+                f"-validate read the scheme from the checkpoint: drop residual_scheme from --model-overrides), or "
+                f"train the '{self.residual_scheme}' model from scratch in a new --save-dir "
+                f"(checkpoint.save_dir under Hydra)"
             )
         norm_key = prefix + "residual_norm_id"
         saved_norm = NORM_BY_ID.get(int(state_dict[norm_key]), "unknown") if norm_key in state_dict else DEFAULT_NORM
         if saved_norm != self.residual_norm:
             raise NormMismatchError(
                 f"the checkpoint's {self.stack} was trained with --norm {saved_norm} but this model's {self.stack} "
-                f"uses --norm {self.residual_norm}: load it with --norm {saved_norm} (model.norm={saved_norm}), "
+                f"uses --norm {self.residual_norm}: load it with --norm {saved_norm} (model.norm={saved_norm}; "
+                f"fairseq-generate reads it from the checkpoint: drop norm from --model-overrides), "
                 f"or train the --norm {self.residual_norm} model from scratch in a new --save-dir"
             )
         self.scheme.upgrade_state_dict(state_dict, prefix, self.stack, self.residual_options)

@@ -328,13 +328,6 @@ def test_the_precision_tool_takes_norm():
         precision_check._args(["--norm", "batchnorm", "--out", "x.json"])
 
 
-def test_every_norm_option_is_in_the_readme_options_table():
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
-        readme = f.read()
-    for o in NORM_OPTIONS:
-        assert f"`{o.flag}" in readme and f"`model.{o.dest}`" in readme, o.flag
-
-
 #: a layer norm computed by a function call rather than a LayerNorm module
 FUNCTIONAL = re.compile(r"(?:\b(?:F|torch|functional|aten)\.|(?<![\w.]))(?:native_)?(?:layer_norm|rms_norm)\(")
 #: helper modules whose functional norms belong to the formula of the schemes that use them

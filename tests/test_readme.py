@@ -40,13 +40,13 @@ def test_readme_generated_blocks_match_the_registry():
     assert checked == 5  # the scheme, options, recipes, compat and presets tables
 
 
-def test_every_scheme_option_is_in_the_options_table():
+def test_every_scheme_and_norm_option_is_in_the_options_table():
+    from fairseq_residual.norms import NORM_OPTIONS
     from fairseq_residual.schemes import SCHEMES
 
-    readme = _read(os.path.join(REPO, "docs", "usage.md"))  # the options table's page
-    for scheme in SCHEMES:
-        for option in scheme.OPTIONS:
-            assert f"`{option.flag}" in readme and f"`model.{option.dest}`" in readme, option.flag
+    page = _read(os.path.join(REPO, "docs", "usage.md"))  # the options table's page
+    for option in [o for scheme in SCHEMES for o in scheme.OPTIONS] + list(NORM_OPTIONS):
+        assert f"`{option.flag}" in page and f"`model.{option.dest}`" in page, option.flag
 
 
 def _targets(path):
