@@ -12,7 +12,8 @@ fairseq checkpoints under torch >= 2.6), ``checkpoint_safety`` (kill-safe saving
 ``optim_groups`` (per-parameter optimizer overrides, e.g. no weight decay, for every fairseq optimizer),
 ``optimizer_order`` (resumed optimizer state onto the parameters of the same name), ``optimizer_step`` (the
 scheme's hook after every optimizer step: nGPT's renormalisation), ``training_checks`` (the scheme's check of the
-training settings, which fairseq-hydra-train's model config lacks), ``pruning`` (loading
+training settings, which fairseq-hydra-train's model config lacks), ``data_checks`` (a missing or wrong data
+directory named with its fix), ``pruning`` (loading
 models pruned with ``--*-layers-to-keep``, also trained pruned),
 ``process_group`` (gloo process groups end before the interpreter shuts down, so that a finished torchrun run
 exits 0), ``precision`` (warns of mixed precision a run without CUDA does not honour: ``--amp`` trains in fp32,
@@ -27,6 +28,6 @@ from .registration_guard import check_single_copy
 check_single_copy(__name__, __file__)  # before any registration: one copy of the plugin per process
 
 from . import (  # noqa: E402,F401
-    checkpoint_compat, checkpoint_safety, cli_help, config, encoder_decoder, layers, lr_scheduler, model, optim_groups,
-    optimizer_step, precision, process_group, schemes, tasks, training_checks,
+    checkpoint_compat, checkpoint_safety, cli_help, config, data_checks, encoder_decoder, layers, lr_scheduler, model,
+    optim_groups, optimizer_step, precision, process_group, schemes, tasks, training_checks,
 )

@@ -183,3 +183,31 @@ def test_device_cuda_without_a_gpu_is_refused_at_parsing(parse, monkeypatch, cap
     err = capsys.readouterr().err
     assert "argument --device: cuda: torch sees no such CUDA GPU on this machine" in err
     assert "use --device cpu" in err
+
+
+def test_a_missing_or_wrong_data_directory_is_named_with_its_fix(tmp_path, monkeypatch):
+    """fairseq's TranslationTask.setup_task (every fairseq tool, and the plugin's task built on it) checks the data
+    folder first: a missing folder, a file, a folder without dictionaries, a language pair it has no dictionary
+    for; a preprocessed folder sets the task up as before."""
+    import argparse
+
+    from fairseq.tasks.translation import TranslationTask
+
+    def cfg(data, src=None, tgt=None):
+        return argparse.Namespace(data=data, source_lang=src, target_lang=tgt)
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"^data directory nope \(relative to {tmp_path}\) does not exist: "
+                                                r"pass the --destdir of fairseq-preprocess \(task.data=<absolute path>"):
+        TranslationTask.setup_task(cfg("nope"))
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileNotFoundError, match=r"data directory .*afile is a file, not a folder"):
+        TranslationTask.setup_task(cfg(str(tmp_path / "afile")))
+    with pytest.raises(FileNotFoundError, match=r"has no dictionary \(dict.<lang>.txt\) \(it holds: afile\)"):
+        TranslationTask.setup_task(cfg(str(tmp_path)))
+    make_dictionary().save(str(tmp_path / "dict.de.txt"))
+    make_dictionary().save(str(tmp_path / "dict.en.txt"))
+    with pytest.raises(FileNotFoundError, match=r"has no dict.fr.txt \(it holds: afile, dict.de.txt, dict.en.txt\)"):
+        TranslationTask.setup_task(cfg(str(tmp_path), "fr", "en"))
+    task = TranslationTask.setup_task(cfg(str(tmp_path), "de", "en"))
+    assert len(task.source_dictionary) == len(make_dictionary())

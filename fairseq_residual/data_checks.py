@@ -1,0 +1,65 @@
+"""A missing or wrong data directory named with its fix: the plugin's wrap of fairseq's
+``TranslationTask.setup_task`` (``fairseq/tasks/translation.py``), which ``fairseq-train``, ``-hydra-train``,
+``-generate``, ``-interactive`` and ``-validate`` call first, for ``--task translation`` and every task built on it
+(this plugin's ``translation_with_grad_norms``).
+
+Stock fairseq ends there on a bare ``FileNotFoundError`` (``os.listdir`` of the missing folder, while inferring the
+language pair) or on the missing dictionary's path, after a traceback of some 40 lines; under
+``fairseq-hydra-train`` a relative ``task.data`` is read from Hydra's run directory, not from where the command
+was typed.
+"""
+import functools
+import os
+
+from fairseq import utils
+from fairseq.tasks.translation import TranslationTask
+
+FIX = ("pass the --destdir of fairseq-preprocess (task.data=<absolute path> under fairseq-hydra-train, which runs "
+       "in its own directory)")
+
+
+def check_data_dir(cfg) -> None:
+    """Check fairseq's ``cfg.data`` (``os.pathsep``-separated shards, the first holding the dictionaries) before
+    the task reads it; paths with a URL scheme (``s3://``, ...) are left to fairseq.
+
+    Raises:
+        FileNotFoundError: a shard folder that does not exist or is not a folder, or a first folder without the
+            ``dict.<lang>.txt`` of ``--source-lang`` / ``--target-lang`` (or without any dictionary, when they are
+            not given), naming the folder, what it holds and the fix.
+    """
+    data = getattr(cfg, "data", None)
+    if not data:
+        return
+    paths = utils.split_paths(data)
+    for path in paths:
+        if "://" in path:
+            return
+        if not os.path.isdir(path):
+            where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
+            what = "is a file, not a folder" if os.path.exists(path) else "does not exist"
+            raise FileNotFoundError(f"data directory {path}{where} {what}: {FIX}")
+    first = paths[0]
+    held = sorted(os.listdir(first))
+    dicts = [name for name in held if name.startswith("dict.") and name.endswith(".txt")]
+    langs = [lang for lang in (getattr(cfg, "source_lang", None), getattr(cfg, "target_lang", None)) if lang]
+    missing = [f"dict.{lang}.txt" for lang in langs if f"dict.{lang}.txt" not in held]
+    if missing or not dicts:
+        shown = ", ".join(held[:8]) + (", ..." if len(held) > 8 else "") if held else "nothing"
+        lacks = ", ".join(missing) if missing else "dictionary (dict.<lang>.txt)"
+        raise FileNotFoundError(f"data directory {first} has no {lacks} (it holds: {shown}): it is not what "
+                                f"fairseq-preprocess writes for this language pair; {FIX}, or give the "
+                                f"--source-lang / --target-lang its dictionaries are named after")
+
+
+def _wrap(setup_task):
+    @functools.wraps(setup_task)
+    def wrapped(cls, cfg, **kwargs):
+        check_data_dir(cfg)
+        return setup_task.__func__(cls, cfg, **kwargs)
+
+    wrapped._residual_data_checks = True
+    return classmethod(wrapped)
+
+
+if not getattr(TranslationTask.setup_task, "_residual_data_checks", False):
+    TranslationTask.setup_task = _wrap(TranslationTask.setup_task)
