@@ -140,7 +140,19 @@ TMP="$OUT/tmp"
 RAW="$OUT/raw"
 mkdir -p "$ORIG" "$TMP" "$RAW" "$BIN"
 
+is_offline() { [[ ${#OFFLINE[@]} -gt 0 || "${PREP_OFFLINE:-}" != "" && "${PREP_OFFLINE:-}" != 0 ]]; }
 log "step 1/7: archives"
+if is_offline; then  # name every missing archive at once, not one per run
+    missing=()
+    for entry in "${CORPORA[@]}" "$TEST_ARCHIVE|$TEST_URL|" ; do
+        IFS='|' read -r archive url _ <<< "$entry"
+        [[ -f "$ARCHIVES/$archive" ]] || missing+=("$archive ($url)")
+    done
+    [[ $NEWSTEST2013 != 1 || -f "$ARCHIVES/$DEV_ARCHIVE" ]] || missing+=("$DEV_ARCHIVE ($DEV_URL)")
+    [[ ${#missing[@]} -eq 0 ]] || die "offline mode, and ${#missing[@]} archive(s) are not in $ARCHIVES:" \
+        "$(printf '%s; ' "${missing[@]}")put them there, or" \
+        "drop --offline / PREP_OFFLINE to let the script download them"
+fi
 for entry in "${CORPORA[@]}"; do
     IFS='|' read -r archive url corpus <<< "$entry"
     prep fetch --archives "$ARCHIVES" --name "$archive" --url "$url" --dest "$ORIG" \
@@ -148,7 +160,6 @@ for entry in "${CORPORA[@]}"; do
 done
 prep fetch --archives "$ARCHIVES" --name "$TEST_ARCHIVE" --url "$TEST_URL" --dest "$ORIG" \
     --require "$TEST_SGM_SRC" --require "$TEST_SGM_REF" "${OFFLINE[@]}"
-is_offline() { [[ ${#OFFLINE[@]} -gt 0 || "${PREP_OFFLINE:-}" != "" && "${PREP_OFFLINE:-}" != 0 ]]; }
 for y in "${EXTRA_YEARS[@]+"${EXTRA_YEARS[@]}"}"; do
     # raw newstestYYYY.{en,de}: from --newstest-dir, else sacreBLEU's test set wmtYY (online)
     testset="wmt${y:2:2}"

@@ -485,12 +485,13 @@ def test_wmt14_newstest_year_missing(tmp_path, run_script):
 
 
 @pytest.mark.slow
-def test_wmt14_missing_archive(tmp_path, run_script):
-    wmt_archives(tmp_path / "archives", skip=("training-parallel-commoncrawl.tgz",))
+def test_wmt14_missing_archives_are_named_at_once(tmp_path, run_script):
+    wmt_archives(tmp_path / "archives", skip=("training-parallel-commoncrawl.tgz", "test-full.tgz"))
     log = run_script("prepare-wmt14-en-de.sh", "--archives", tmp_path / "archives",
                      "--out", tmp_path / "out", expect_ok=False)
-    assert "archive 'training-parallel-commoncrawl.tgz' not found in" in log
-    assert "http://statmt.org/wmt13/training-parallel-commoncrawl.tgz" in log
+    assert (f"offline mode, and 2 archive(s) are not in {tmp_path / 'archives'}: training-parallel-commoncrawl.tgz "
+            "(http://statmt.org/wmt13/training-parallel-commoncrawl.tgz); test-full.tgz "
+            "(http://statmt.org/wmt14/test-full.tgz); put them there") in log, log
 
 
 @pytest.mark.slow
