@@ -19,26 +19,26 @@ FIX = ("pass the --destdir of fairseq-preprocess (task.data=<absolute path> unde
 
 
 def check_data_dir(cfg) -> None:
-    """Check fairseq's ``cfg.data`` (``os.pathsep``-separated shards, the first holding the dictionaries) before
-    the task reads it; paths with a URL scheme (``s3://``, ...) are left to fairseq.
+    """Check the first folder of fairseq's ``cfg.data`` (``os.pathsep``-separated shards), the one
+    ``setup_task`` reads the dictionaries from, before it does; the other shards are read when the training split
+    loads (a machine that only translates may hold the first alone), and paths with a URL scheme (``s3://``, ...)
+    are left to fairseq.
 
     Raises:
-        FileNotFoundError: a shard folder that does not exist or is not a folder, or a first folder without the
-            ``dict.<lang>.txt`` of ``--source-lang`` / ``--target-lang`` (or without any dictionary, when they are
-            not given), naming the folder, what it holds and the fix.
+        FileNotFoundError: the first folder does not exist, is a file, or lacks the ``dict.<lang>.txt`` of
+            ``--source-lang`` / ``--target-lang`` (or any dictionary, when they are not given), naming the folder,
+            what it holds and the fix.
     """
     data = getattr(cfg, "data", None)
     if not data:
         return
-    paths = utils.split_paths(data)
-    for path in paths:
-        if "://" in path:
-            return
-        if not os.path.isdir(path):
-            where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
-            what = "is a file, not a folder" if os.path.exists(path) else "does not exist"
-            raise FileNotFoundError(f"data directory {path}{where} {what}: {FIX}")
-    first = paths[0]
+    first = utils.split_paths(data)[0]
+    if "://" in first:
+        return
+    if not os.path.isdir(first):
+        where = "" if os.path.isabs(first) else f" (relative to {os.getcwd()})"
+        what = "is a file, not a folder" if os.path.exists(first) else "does not exist"
+        raise FileNotFoundError(f"data directory {first}{where} {what}: {FIX}")
     held = sorted(os.listdir(first))
     dicts = [name for name in held if name.startswith("dict.") and name.endswith(".txt")]
     langs = [lang for lang in (getattr(cfg, "source_lang", None), getattr(cfg, "target_lang", None)) if lang]

@@ -414,3 +414,72 @@ def test_a_checkpoint_of_an_eval_bleu_run_loads_with_the_safe_loader_and_other_g
     torch.save({"extra_state": {"when": datetime.date(2026, 12, 5)}}, tmp_path / "other.pt")
     with pytest.raises(pickle.UnpicklingError, match="Unsupported global: GLOBAL datetime.date"):
         torch.load(tmp_path / "other.pt")
+
+
+class _Forged:
+    """Pickles as numpy pickles an array, ``_reconstruct(ndarray, (0,), b'b')`` then ``__setstate__(state)``, with
+    whatever state the test gives."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def __reduce__(self):
+        import numpy as np
+
+        return np._core.multiarray._reconstruct, (np.ndarray, (0,), b"b"), self.state
+
+
+class _DtypeWithFields:
+    """A dtype pickled as a float64 whose state adds a field (a dtype numpy trusts when it rebuilds an array)."""
+
+    def __reduce__(self):
+        import numpy as np
+
+        return np.dtype, ("f8", False, True), (3, "|", None, ("a",), {"a": (np.dtype("f8"), 0)}, 8, 1, 0)
+
+
+class _CallNumericArray:
+    def __reduce__(self):
+        from fairseq_residual.checkpoint_compat import NumericArray
+
+        return NumericArray, ((1,), "f8")
+
+
+def _round_trip(obj, legacy_rename=None):
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"x": obj}, buf, _use_new_zipfile_serialization=legacy_rename is None)
+    data = buf.getvalue()
+    if legacy_rename:  # the legacy format is one pickle stream: rename a global as numpy 1.x wrote it
+        data = data.replace(*legacy_rename)
+    return torch.load(io.BytesIO(data))["x"]
+
+
+@pytest.mark.parametrize("obj, refusal", [
+    (_Forged((1, (1,), _DtypeWithFields(), False, b"AAAAAAAA")),
+     r"a numpy array of dtype .*\('a', '<f8'\).* is not loaded: only arrays of bool, integer or float numbers"),
+    (_Forged((1, (4,), "int64-placeholder", False, b"12345678")), r"comes with 8 bytes of data, not 32"),
+    (_CallNumericArray(), r"NumericArray\(...\) is not called when loading a checkpoint"),
+], ids=["dtype-with-fields", "short-data", "constructor"])
+def test_the_safe_loader_rebuilds_numeric_arrays_only(obj, refusal):
+    """numpy's own ``_reconstruct`` and ``ndarray`` are never allow-listed (a crafted dtype would turn raw bytes into
+    object pointers): their checked stand-ins refuse a dtype with fields, data of the wrong size and a direct call,
+    and load plain numeric arrays, also under numpy 1.x's module name; an array loaded and saved again pickles as a
+    plain ndarray."""
+    import pickle
+
+    import numpy as np
+
+    if isinstance(obj, _Forged) and obj.state[2] == "int64-placeholder":
+        obj.state = (1, (4,), np.dtype("i8"), False, b"12345678")
+    with pytest.raises(pickle.UnpicklingError, match=refusal):
+        _round_trip(obj)
+    loaded = _round_trip(np.array([[1.5, 2.5]], dtype=np.float32))
+    np.testing.assert_array_equal(loaded, [[1.5, 2.5]])
+    assert loaded.dtype == np.float32
+    old = _round_trip(np.array([5, 4, 3, 2]), legacy_rename=(b"numpy._core.multiarray", b"numpy.core.multiarray"))
+    np.testing.assert_array_equal(old + np.array([1, 1, 1, 1]), [6, 5, 4, 3])
+    assert b"NumericArray" not in pickle.dumps(loaded)

@@ -188,7 +188,7 @@ def test_device_cuda_without_a_gpu_is_refused_at_parsing(parse, monkeypatch, cap
 def test_a_missing_or_wrong_data_directory_is_named_with_its_fix(tmp_path, monkeypatch):
     """fairseq's TranslationTask.setup_task (every fairseq tool, and the plugin's task built on it) checks the data
     folder first: a missing folder, a file, a folder without dictionaries, a language pair it has no dictionary
-    for; a preprocessed folder sets the task up as before."""
+    for; a preprocessed folder sets the task up as before, also when a later shard is not on this machine."""
     import argparse
 
     from fairseq.tasks.translation import TranslationTask
@@ -211,3 +211,6 @@ def test_a_missing_or_wrong_data_directory_is_named_with_its_fix(tmp_path, monke
         TranslationTask.setup_task(cfg(str(tmp_path), "fr", "en"))
     task = TranslationTask.setup_task(cfg(str(tmp_path), "de", "en"))
     assert len(task.source_dictionary) == len(make_dictionary())
+    # a shard after the first is read with the training split, as stock fairseq does: not required here
+    task = TranslationTask.setup_task(cfg(f"{tmp_path}:{tmp_path / 'shard1'}", "de", "en"))
+    assert len(task.target_dictionary) == len(make_dictionary())
