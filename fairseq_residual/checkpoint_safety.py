@@ -349,6 +349,17 @@ def load_checkpoint(cfg, trainer, **passthrough_args):
     )
     chosen = candidates[0] if candidates else None
     last_exists, last_complete = os.path.exists(last), is_complete_checkpoint(last)
+    foreign = chosen is None and next(
+        (c for c in rejected if c.misfit and os.path.abspath(c.path) == os.path.abspath(last)), None)
+    if foreign:  # before the warnings about each checkpoint: the refusal says it for all of them
+        scheme = _trained_scheme(last)
+        settings = (f"--residual-scheme {scheme} (model.residual_scheme={scheme})"
+                    if scheme and "residual scheme" in foreign.problem else "the settings it was trained with")
+        raise ForeignCheckpointError(
+            f"{last} is not a checkpoint of this run's model: {foreign.problem}; {cfg.save_dir} holds no "
+            f"checkpoint of this run to resume from. Resume with {settings}, or point --save-dir "
+            f"(checkpoint.save_dir) elsewhere to train this model from scratch (nothing was loaded or overwritten)"
+        )
     for c in rejected:
         if chosen is None and os.path.abspath(c.path) == os.path.abspath(last):
             continue  # fairseq loads (or refuses) it itself, as without the plugin
@@ -358,16 +369,6 @@ def load_checkpoint(cfg, trainer, **passthrough_args):
         elif chosen is None or c.mtime > chosen.mtime:
             logger.info(f"{os.path.basename(c.path)} is not a training checkpoint, not resumed from: {c.problem}")
     if chosen is None or os.path.abspath(chosen.path) == os.path.abspath(last):
-        foreign = next((c for c in rejected if c.misfit and os.path.abspath(c.path) == os.path.abspath(last)), None)
-        if chosen is None and foreign is not None:
-            scheme = _trained_scheme(last)
-            settings = f"--residual-scheme {scheme}" if scheme and "residual scheme" in foreign.problem else (
-                "the settings it was trained with")
-            raise ForeignCheckpointError(
-                f"{last} is not a checkpoint of this run's model: {foreign.problem}; {cfg.save_dir} holds no "
-                f"checkpoint of this run to resume from. Resume with {settings}, or point --save-dir elsewhere to "
-                f"train this model from scratch (nothing was loaded or overwritten)"
-            )
         if last_exists and not last_complete and chosen is None:
             raise TruncatedCheckpointError(
                 f"{last} is incomplete ({os.path.getsize(last)} bytes; cut short while it was written) "

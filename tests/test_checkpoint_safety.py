@@ -359,25 +359,32 @@ def test_a_resumed_run_removes_what_killed_saves_left(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
 
 
-def test_a_save_dir_of_another_scheme_is_refused_with_its_reason(foreign_checkpoints, tiny_data_bin, tmp_path):
+def test_a_save_dir_of_another_scheme_is_refused_with_its_reason(foreign_checkpoints, tiny_data_bin, tmp_path,
+                                                                   caplog):
     """Resuming with another --residual-scheme in a save dir that holds only the other scheme's checkpoints: the
-    plugin names the mismatch before fairseq's load fails with its generic 'Cannot load model parameters'."""
+    plugin names the mismatch before fairseq's load fails with its generic 'Cannot load model parameters', with
+    the fix under either entry point, and without a warning per checkpoint first."""
+    import logging
     import shutil
 
     _, data_bin = tiny_data_bin
     save = tmp_path / "ckpt"
     save.mkdir()
-    shutil.copyfile(foreign_checkpoints["scheme"], save / "checkpoint_last.pt")  # a pre_ln run's
+    for name in ("checkpoint_last.pt", "checkpoint_1_6.pt"):  # a pre_ln run's
+        shutil.copyfile(foreign_checkpoints["scheme"], save / name)
     before = (save / "checkpoint_last.pt").read_bytes()
-    with pytest.raises(AssertionError) as raised:
+    with caplog.at_level(logging.INFO), pytest.raises(AssertionError) as raised:
         fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 5, *TRAIN)
     message = str(raised.value).split("\n")[0]
     assert message.count("<-") == 0, message  # the plugin's error itself, not one fairseq wrapped
     assert "ForeignCheckpointError" in message
     assert "checkpoint_last.pt is not a checkpoint of this run's model" in message
     assert "residual scheme 'pre_ln', this run's uses residual scheme 'post_ln'" in message
-    assert "Resume with --residual-scheme pre_ln, or point --save-dir elsewhere" in message
-    assert (save / "checkpoint_last.pt").read_bytes() == before and os.listdir(save) == ["checkpoint_last.pt"]
+    assert ("Resume with --residual-scheme pre_ln (model.residual_scheme=pre_ln), or point --save-dir "
+            "(checkpoint.save_dir) elsewhere") in message
+    assert not [r for r in caplog.records if "not a training checkpoint of this run" in r.getMessage()]
+    assert (save / "checkpoint_last.pt").read_bytes() == before
+    assert sorted(os.listdir(save)) == ["checkpoint_1_6.pt", "checkpoint_last.pt"]
 
 
 def test_a_checkpoint_of_an_eval_bleu_run_loads_with_the_safe_loader_and_other_globals_stay_refused(tmp_path):
