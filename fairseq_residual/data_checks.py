@@ -4,9 +4,7 @@
 (this plugin's ``translation_with_grad_norms``).
 
 Stock fairseq ends there on a bare ``FileNotFoundError`` (``os.listdir`` of the missing folder, while inferring the
-language pair) or on the missing dictionary's path, after a traceback of some 40 lines; under
-``fairseq-hydra-train`` a relative ``task.data`` is read from Hydra's run directory, not from where the command
-was typed.
+language pair) or on the missing dictionary's path, after a traceback of some 40 lines.
 """
 import functools
 import os
@@ -14,8 +12,7 @@ import os
 from fairseq import utils
 from fairseq.tasks.translation import TranslationTask
 
-FIX = ("pass the --destdir of fairseq-preprocess (task.data=<absolute path> under fairseq-hydra-train, which runs "
-       "in its own directory)")
+FIX = "pass the --destdir of fairseq-preprocess (task.data=<path> under fairseq-hydra-train)"
 
 
 def check_data_dir(cfg) -> None:

@@ -84,20 +84,21 @@ class _ResidualStackMixin:
         if saved != self.residual_scheme:
             raise SchemeMismatchError(
                 f"the checkpoint's {self.stack} was trained with residual scheme '{saved}' but this "
-                f"model's {self.stack} uses residual scheme '{self.residual_scheme}': load it with "
-                f"--residual-scheme {saved} (model.residual_scheme={saved}; fairseq-generate, -interactive and "
-                f"-validate read the scheme from the checkpoint: drop residual_scheme from --model-overrides), or "
-                f"train the '{self.residual_scheme}' model from scratch in a new --save-dir "
-                f"(checkpoint.save_dir under Hydra)"
+                f"model's {self.stack} uses residual scheme '{self.residual_scheme}': fairseq-generate, "
+                f"-interactive and -validate read the scheme from the checkpoint, so drop residual_scheme from "
+                f"--model-overrides; fairseq-train: resume with --residual-scheme {saved} "
+                f"(model.residual_scheme={saved}), or train the '{self.residual_scheme}' model from scratch in a "
+                f"new --save-dir (checkpoint.save_dir)"
             )
         norm_key = prefix + "residual_norm_id"
         saved_norm = NORM_BY_ID.get(int(state_dict[norm_key]), "unknown") if norm_key in state_dict else DEFAULT_NORM
         if saved_norm != self.residual_norm:
             raise NormMismatchError(
                 f"the checkpoint's {self.stack} was trained with --norm {saved_norm} but this model's {self.stack} "
-                f"uses --norm {self.residual_norm}: load it with --norm {saved_norm} (model.norm={saved_norm}; "
-                f"fairseq-generate reads it from the checkpoint: drop norm from --model-overrides), "
-                f"or train the --norm {self.residual_norm} model from scratch in a new --save-dir"
+                f"uses --norm {self.residual_norm}: fairseq-generate, -interactive and -validate read it from the "
+                f"checkpoint, so drop norm from --model-overrides; fairseq-train: resume with --norm {saved_norm} "
+                f"(model.norm={saved_norm}), or train the --norm {self.residual_norm} model from scratch in a new "
+                f"--save-dir"
             )
         self.scheme.upgrade_state_dict(state_dict, prefix, self.stack, self.residual_options)
         return super().upgrade_state_dict_named(state_dict, name)

@@ -198,7 +198,8 @@ def test_a_missing_or_wrong_data_directory_is_named_with_its_fix(tmp_path, monke
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match=rf"^data directory nope \(relative to {tmp_path}\) does not exist: "
-                                                r"pass the --destdir of fairseq-preprocess \(task.data=<absolute path>"):
+                                                r"pass the --destdir of fairseq-preprocess \(task.data=<path> under "
+                                                r"fairseq-hydra-train\)$"):
         TranslationTask.setup_task(cfg("nope"))
     (tmp_path / "afile").write_text("x")
     with pytest.raises(FileNotFoundError, match=r"data directory .*afile is a file, not a folder"):
