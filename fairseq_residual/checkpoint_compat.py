@@ -17,9 +17,10 @@ buffer (``fairseq/distributed/utils.py``, ``_broadcast_object_slow``); that ``to
 omegaconf's container and node classes, which are allow-listed too (found by a real 2-task SLURM resume,
 ``tests/test_slurm.py``).
 """
-import collections
-import typing
 import argparse
+import collections
+import pickle
+import typing
 
 import numpy as np
 import torch
@@ -67,14 +68,10 @@ class NumericArray(np.ndarray):
         """Refused: the safe loader may name this class, and ``NumericArray(shape, dtype, buffer)`` would build
         an array from any dtype (arrays of this class come from :func:`_reconstruct_numeric` and numpy's
         operations, which do not call it)."""
-        import pickle
-
         raise pickle.UnpicklingError("fairseq_residual.checkpoint_compat.NumericArray(...) is not called when "
                                      "loading a checkpoint")
 
     def __setstate__(self, state):
-        import pickle
-
         try:
             version, shape, dtype, fortran, raw = state
             shape = tuple(int(n) for n in shape)
@@ -85,11 +82,11 @@ class NumericArray(np.ndarray):
             raise pickle.UnpicklingError(f"a numpy array of dtype {dtype!r} is not loaded: only arrays of bool, "
                                          f"integer or float numbers are (fairseq's metrics hold no other)")
         clean = np.dtype(dtype.str)
-        if not (isinstance(raw, bytes) and all(n >= 0 for n in shape)
-                and len(raw) == int(np.prod(shape, dtype=np.int64)) * clean.itemsize):
+        expected = int(np.prod(shape, dtype=np.int64)) * clean.itemsize
+        if not (isinstance(raw, bytes) and all(n >= 0 for n in shape) and len(raw) == expected):
             raise pickle.UnpicklingError(f"a numpy array of shape {shape} and dtype {clean} comes with "
                                          f"{len(raw) if isinstance(raw, bytes) else type(raw).__name__} bytes of "
-                                         f"data, not {int(np.prod(shape, dtype=np.int64)) * clean.itemsize}: not loaded")
+                                         f"data, not {expected}: not loaded")
         super().__setstate__((version, shape, clean, bool(fortran), raw))
 
     def __reduce__(self):
@@ -100,16 +97,12 @@ def _ndarray_marker(*args):
     """What ``numpy.ndarray`` names in a checkpoint for torch's safe loader: the subtype argument of numpy's
     ``_reconstruct`` (:func:`_reconstruct_numeric`), never a constructor (``np.ndarray(shape, dtype, buffer)``
     with a crafted dtype would forge object pointers)."""
-    import pickle
-
     raise pickle.UnpicklingError("numpy.ndarray(...) is not called when loading a checkpoint")
 
 
 def _reconstruct_numeric(subtype, shape, dtype):
     """numpy's ``_reconstruct(ndarray, (0,), b'b')``, the first step of unpickling an array, as an empty
     :class:`NumericArray` whose ``__setstate__`` then checks the array's state."""
-    import pickle
-
     if subtype is not _ndarray_marker:
         raise pickle.UnpicklingError(f"a numpy array of type {subtype!r} is not loaded: only numpy.ndarray is")
     return np.ndarray.__new__(NumericArray, (0,), np.dtype("b"))
