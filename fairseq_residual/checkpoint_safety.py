@@ -171,6 +171,7 @@ class ResumeCandidate:
         problem: why it may not be resumed from (None: it may), e.g. "has no optimizer state".
         by_name: True if ``problem`` is its file name alone (not a name fairseq's training writes).
         misfit: True if ``problem`` is that its model state is of another model (:func:`_misfit`).
+        scheme: for a misfit, the residual scheme its encoder was trained with (:func:`trained_scheme`), if any.
     """
 
     path: str
@@ -179,6 +180,7 @@ class ResumeCandidate:
     problem: Optional[str] = None
     by_name: bool = False
     misfit: bool = False
+    scheme: Optional[str] = None
 
 
 def _misfit(saved: dict, model) -> Optional[str]:
@@ -239,15 +241,6 @@ def trained_scheme(model_state: dict) -> Optional[str]:
         return None
 
 
-def _trained_scheme(path: str) -> Optional[str]:
-    """:func:`trained_scheme` of the checkpoint file ``path``, or None where it cannot be read."""
-    try:
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception:  # noqa: BLE001  (only a hint for the message; the file was read once already)
-        return None
-    return trained_scheme(state.get("model") or {}) if isinstance(state, dict) else None
-
-
 def inspect_checkpoint(path: str, model=None, need_optimizer_state: bool = True,
                        suffix: str = "") -> ResumeCandidate:
     """Whether the complete checkpoint ``path`` may be resumed from, and its update count.
@@ -288,7 +281,8 @@ def inspect_checkpoint(path: str, model=None, need_optimizer_state: bool = True,
     if model is not None:
         misfit = _misfit(state["model"], model)
         if misfit:
-            return ResumeCandidate(path, num_updates, mtime, misfit, misfit=True)
+            return ResumeCandidate(path, num_updates, mtime, misfit, misfit=True,
+                                   scheme=trained_scheme(state["model"]))
     return ResumeCandidate(path, num_updates, mtime)
 
 
@@ -352,7 +346,7 @@ def load_checkpoint(cfg, trainer, **passthrough_args):
     foreign = chosen is None and next(
         (c for c in rejected if c.misfit and os.path.abspath(c.path) == os.path.abspath(last)), None)
     if foreign:  # before the warnings about each checkpoint: the refusal says it for all of them
-        scheme = _trained_scheme(last)
+        scheme = foreign.scheme
         settings = (f"--residual-scheme {scheme} (model.residual_scheme={scheme})"
                     if scheme and "residual scheme" in foreign.problem else "the settings it was trained with")
         raise ForeignCheckpointError(
