@@ -45,6 +45,8 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
+from .user_errors import UserInputError
+
 logger = logging.getLogger(__name__)
 
 _stock_load_checkpoint = getattr(
@@ -55,11 +57,11 @@ _stock_load_checkpoint_to_cpu = getattr(
 )
 
 
-class TruncatedCheckpointError(RuntimeError):
+class TruncatedCheckpointError(UserInputError, RuntimeError):
     """A checkpoint file is incomplete (cut short while it was written), so it cannot be loaded."""
 
 
-class ForeignCheckpointError(ValueError):
+class ForeignCheckpointError(UserInputError, ValueError):
     """The save dir's ``checkpoint_last.pt`` is of another model (another residual scheme, ``--norm`` or tensor
     shapes) and no checkpoint of this run is beside it: resuming would load it and fail."""
 

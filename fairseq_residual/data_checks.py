@@ -12,7 +12,13 @@ import os
 from fairseq import utils
 from fairseq.tasks.translation import TranslationTask
 
+from .user_errors import UserInputError
+
 FIX = "pass the --destdir of fairseq-preprocess (task.data=<path> under fairseq-hydra-train)"
+
+
+class DataDirectoryError(UserInputError, FileNotFoundError):
+    """The data directory fairseq was given is missing, a file, or not what fairseq-preprocess writes."""
 
 
 def check_data_dir(cfg) -> None:
@@ -22,9 +28,9 @@ def check_data_dir(cfg) -> None:
     are left to fairseq.
 
     Raises:
-        FileNotFoundError: the first folder does not exist, is a file, or lacks the ``dict.<lang>.txt`` of
-            ``--source-lang`` / ``--target-lang`` (or any dictionary, when they are not given), naming the folder,
-            what it holds and the fix.
+        DataDirectoryError (a ``FileNotFoundError``): the first folder does not exist, is a file, or lacks the
+            ``dict.<lang>.txt`` of ``--source-lang`` / ``--target-lang`` (or any dictionary, when they are not
+            given), naming the folder, what it holds and the fix.
     """
     data = getattr(cfg, "data", None)
     if not data:
@@ -35,7 +41,7 @@ def check_data_dir(cfg) -> None:
     if not os.path.isdir(first):
         where = "" if os.path.isabs(first) else f" (relative to {os.getcwd()})"
         what = "is a file, not a folder" if os.path.exists(first) else "does not exist"
-        raise FileNotFoundError(f"data directory {first}{where} {what}: {FIX}")
+        raise DataDirectoryError(f"data directory {first}{where} {what}: {FIX}")
     held = sorted(os.listdir(first))
     dicts = [name for name in held if name.startswith("dict.") and name.endswith(".txt")]
     langs = [lang for lang in (getattr(cfg, "source_lang", None), getattr(cfg, "target_lang", None)) if lang]
@@ -43,7 +49,7 @@ def check_data_dir(cfg) -> None:
     if missing or not dicts:
         shown = ", ".join(held[:8]) + (", ..." if len(held) > 8 else "") if held else "nothing"
         lacks = ", ".join(missing) if missing else "dictionary (dict.<lang>.txt)"
-        raise FileNotFoundError(f"data directory {first} has no {lacks} (it holds: {shown}): it is not what "
+        raise DataDirectoryError(f"data directory {first} has no {lacks} (it holds: {shown}): it is not what "
                                 f"fairseq-preprocess writes for this language pair; {FIX}, or give the "
                                 f"--source-lang / --target-lang its dictionaries are named after")
 

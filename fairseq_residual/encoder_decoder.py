@@ -33,6 +33,7 @@ from fairseq.modules import LayerNorm
 from .norms import DEFAULT_NORM, NORM_BY_ID, NORM_IDS, NormMismatchError
 from .residual import Site
 from .schemes import get_scheme, scheme_by_id, stock_scheme
+from .user_errors import UserInputError
 
 
 #: the name fairseq gives the dropout modules of each part of its transformer (``module_name`` of
@@ -42,7 +43,7 @@ DROPOUT_NAMES = {"encoder": "TransformerEncoder", "decoder": "TransformerDecoder
                  "attention": "MultiheadAttention"}
 
 
-class SchemeMismatchError(ValueError):
+class SchemeMismatchError(UserInputError, ValueError):
     """A checkpoint of one residual scheme was loaded into a model of another."""
 
 

@@ -38,6 +38,7 @@ from torch import Tensor
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from .residual import NORM_INPUT, NORM_NONE, NORM_OUTPUT, NORM_STREAM, SublayerResidual, with_main
+from .user_errors import SettingError
 
 #: the LayerNorm of each sub-layer kind, by fairseq's name
 LAYER_NORM_OF = {"self_attn": "self_attn_layer_norm", "encoder_attn": "encoder_attn_layer_norm",
@@ -61,7 +62,7 @@ def refuse_decoder_extras(cfg, scheme: str):
     for key in ("cross_self_attention", "scale_attn", "scale_heads", "scale_fc", "scale_resids"):
         if getattr(cfg, key, False):
             flag = "--" + key.replace("_", "-")
-            raise ValueError(
+            raise SettingError(
                 f"{flag} is not supported with --residual-scheme {scheme}; "
                 f"drop {flag} or use --residual-scheme post_ln / pre_ln"
             )

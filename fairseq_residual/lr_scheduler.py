@@ -17,6 +17,8 @@ from omegaconf import II
 from fairseq.dataclass import FairseqDataclass
 from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
 
+from .user_errors import SettingError
+
 
 @dataclass
 class InverseSqrtNoWarmupConfig(FairseqDataclass):
@@ -39,12 +41,12 @@ class InverseSqrtNoWarmupSchedule(FairseqLRScheduler):
     def __init__(self, cfg: InverseSqrtNoWarmupConfig, optimizer):
         super().__init__(cfg, optimizer)
         if isinstance(cfg.lr, Collection) and len(cfg.lr) > 1:
-            raise ValueError(
+            raise SettingError(
                 "--lr-scheduler inverse_sqrt_nowarmup takes one --lr value; for a per-epoch list use "
                 "--lr-scheduler fixed"
             )
         if cfg.decay_period < 1:
-            raise ValueError(f"--decay-period must be a positive number of updates, got {cfg.decay_period}")
+            raise SettingError(f"--decay-period must be a positive number of updates, got {cfg.decay_period}")
         self.init_lr = cfg.lr[0] if isinstance(cfg.lr, Collection) else cfg.lr
         self.lr = self.init_lr
         self.optimizer.set_lr(self.lr)

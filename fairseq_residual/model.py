@@ -56,6 +56,7 @@ from .encoder_decoder import (
 from .optimizer_order import record_saved_order
 from .pruning import prune_to_kept_layers
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES
+from .user_errors import SettingError
 
 MODEL_NAME = "residual_transformer"
 
@@ -127,7 +128,7 @@ def _module_names(value):
         except (ValueError, SyntaxError):
             names = None
         if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-            raise ValueError(f"--retain-dropout-modules {value}: expected module names, as A,B or \"['A', 'B']\"")
+            raise SettingError(f"--retain-dropout-modules {value}: expected module names, as A,B or \"['A', 'B']\"")
         return list(names)
     return [n for n in text.replace(",", " ").split() if n] or None
 
@@ -253,7 +254,7 @@ class ResidualTransformerModel(TransformerModel):
 
             unknown = [n for n in names if n not in RETAIN_DROPOUT_NAMES]
             if unknown:
-                raise ValueError(
+                raise SettingError(
                     f"--retain-dropout-modules {' '.join(unknown)}: no module of residual_transformer has "
                     f"{'this name' if len(unknown) == 1 else 'these names'}; its dropout modules are "
                     f"{', '.join(sorted(set(RETAIN_DROPOUT_NAMES.values())))} (fairseq's names; the plugin's "

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from .schemes.base import Option, OptionError
+from .user_errors import SettingError, UserInputError
 
 #: the values of ``--norm``, the default first
 NORMS = ("layernorm", "rmsnorm", "dyt", "derf")
@@ -109,7 +110,7 @@ class _RMSNorm(nn.Module):
 RMSNorm = getattr(nn, "RMSNorm", None) or _RMSNorm
 
 
-class NormMismatchError(ValueError):
+class NormMismatchError(UserInputError, ValueError):
     """A checkpoint of one ``--norm`` was loaded into a model of another."""
 
 
@@ -245,7 +246,7 @@ def replace_layer_norms(model: nn.Module, options: NormOptions) -> int:
         return 0
     for name, module in model.named_modules():
         if type(module).__name__ == "FullyShardedDataParallel":
-            raise ValueError(
+            raise SettingError(
                 f"--norm {options.kind} is not supported with --ddp-backend fully_sharded (FSDP wraps {name} with its "
                 f"LayerNorms flattened before they can be replaced): use --ddp-backend c10d / no_c10d, or --norm "
                 f"layernorm")

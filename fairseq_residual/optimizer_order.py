@@ -20,6 +20,8 @@ from typing import Dict, List
 
 from torch import nn
 
+from .user_errors import SettingError
+
 #: the attribute holding a parameter's position among the trainable parameters of the saved model (set only
 #: while the checkpoint's order differs from the model's)
 SAVED_POSITION = "residual_saved_position"
@@ -108,7 +110,7 @@ def in_current_order(param_groups: List[dict], state_dict: dict) -> dict:
     for k, p in enumerate(flat):
         for key, value in state.get(saved_ids[k], {}).items():
             if key in PARAM_SHAPED and hasattr(value, "shape") and value.shape != p.shape:
-                raise ValueError(
+                raise SettingError(
                     f"the checkpoint's optimizer state '{key}' of parameter {k} has shape {tuple(value.shape)} but the "
                     f"parameter has shape {tuple(p.shape)}: the checkpoint's optimizer state belongs to another "
                     f"parameter layout; resume with --reset-optimizer (keeps the weights, restarts Adam's moments)"

@@ -26,6 +26,7 @@ from typing import List, Optional
 import torch
 
 from .schemes.base import setting
+from .user_errors import SettingError
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +78,13 @@ def refuse_tpu_without_xla(cfg, xla_available: Optional[bool] = None) -> None:
     if xla_available:
         return
     if setting(cfg, "common", "bf16", False):
-        raise ValueError(
+        raise SettingError(
             "fairseq-train --bf16 (or --memory-efficient-bf16) also turns on --tpu (fairseq's options.py; fairseq "
             "issue 4696), and torch_xla is not installed, so fairseq's Trainer would fail ('NoneType' object has no "
             "attribute 'xla_device'). Train in bf16 through fairseq-hydra-train instead (common.bf16=true, with "
             "common.fp16_no_flatten_grads=true or common.memory_efficient_bf16=true; scripts/train.sh --precision "
             "bf16 does this), or with --amp on a GPU, or in fp32")
-    raise ValueError("--tpu (common.tpu) needs torch_xla, which is not installed: drop --tpu")
+    raise SettingError("--tpu (common.tpu) needs torch_xla, which is not installed: drop --tpu")
 
 
 def warn_without_cuda(cfg, cuda_available: Optional[bool] = None) -> List[str]:

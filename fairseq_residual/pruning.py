@@ -22,6 +22,8 @@ from typing import Dict, List
 
 from torch import Tensor
 
+from .user_errors import SettingError
+
 STACKS = ("encoder", "decoder")
 
 
@@ -52,7 +54,7 @@ def prune_to_kept_layers(state_dict: Dict[str, Tensor], options) -> Dict[str, Te
         if not held or held == list(range(len(kept))):  # as the model holds them (pruned or whole)
             continue
         if held != list(range(depth)):
-            raise ValueError(
+            raise SettingError(
                 f"this model holds {len(kept)} of the trained model's {depth} {stack} layers "
                 f"({stack}_layers_to_keep {','.join(map(str, kept)) if len(kept) < depth else 'not set'}), but the "
                 f"checkpoint holds {len(held)} {stack} layers: it was trained pruned, so load it with the "

@@ -39,6 +39,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from .schemes.base import unwrap_model
+from .user_errors import SettingError
 
 TASK_NAME = "translation_with_grad_norms"
 
@@ -125,7 +126,7 @@ class TranslationWithGradNormsTask(TranslationTask):
         super().__init__(cfg, src_dict, tgt_dict)
         self.log_grad_norm_interval = int(getattr(cfg, "log_grad_norm_interval", 0) or 0)
         if self.log_grad_norm_interval < 0:
-            raise ValueError(
+            raise SettingError(
                 f"--log-grad-norm-interval must be >= 0 (0 = off), got {self.log_grad_norm_interval}"
             )
         self._grad_norm_logged_update = -1

@@ -89,7 +89,7 @@ def test_fairseq_train_bf16_is_refused_before_its_trainer_fails(tiny_data_bin):
     with pytest.raises(AssertionError) as raised:
         fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--task", "translation", "--cpu", "--bf16",
                      "--fp16-no-flatten-grads", *TRAIN)
-    assert "ValueError: fairseq-train --bf16 (or --memory-efficient-bf16) also turns on --tpu" in str(raised.value)
+    assert "SettingError: fairseq-train --bf16 (or --memory-efficient-bf16) also turns on --tpu" in str(raised.value)
     assert "fairseq-hydra-train" in str(raised.value) and "xla_device" in str(raised.value)
 
 

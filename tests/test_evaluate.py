@@ -493,6 +493,19 @@ def test_collect_results_table_keeps_diverged_runs(tmp_path):
     assert len(runs["iwslt14"]) == 10
 
 
+def test_a_crash_reported_in_one_line_is_a_crash(tmp_path):
+    """The plugin ends fairseq's tools on a wrong input with ``fairseq-train: error: ...`` instead of a traceback:
+    a run that stopped so, without a checkpoint, still counts as crashed; the same log without it as running."""
+    from residual_studies.divergence import run_dir_divergence
+
+    head = "[train][INFO] - epoch 001 | loss 9.1\n"
+    crashed = make_run(tmp_path, "post_ln-12L-seed1", None, head + "fairseq-train: error: checkpoint x.pt is truncated "
+                       "(10 bytes)\n(set the environment variable FAIRSEQ_RESIDUAL_FULL_ERROR=1 for the full traceback)\n",
+                       checkpoint=False)
+    assert run_dir_divergence(crashed) == "crashed without a final checkpoint (checkpoint_last.pt missing)"
+    assert run_dir_divergence(make_run(tmp_path, "post_ln-12L-seed2", None, head, checkpoint=False)) is None
+
+
 def test_collect_results_without_paper_numbers(tmp_path):
     """A benchmark the paper does not have (the demo corpus) gets no paper columns."""
     done = "[fairseq_cli.train][INFO] - done training in 100.0 seconds\n"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, USER_DIR, build_model, cli_env, make_dictionary
+from conftest import REPO, USER_DIR, VENV_BIN, build_model, cli_env, make_dictionary
 from fairseq_residual.model import MODEL_NAME, PRESETS
 
 SMALL = ["--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 16, "--decoder-embed-dim", 16,
@@ -215,3 +215,55 @@ def test_a_missing_or_wrong_data_directory_is_named_with_its_fix(tmp_path, monke
     # a shard after the first is read with the training split, as stock fairseq does: not required here
     task = TranslationTask.setup_task(cfg(f"{tmp_path}:{tmp_path / 'shard1'}", "de", "en"))
     assert len(task.target_dictionary) == len(make_dictionary())
+
+
+def test_user_input_errors_are_one_message_and_keep_their_builtin_base(monkeypatch):
+    """The plugin's errors about the user's input are reported as ``<tool>: error: <message>``; any other
+    exception, and FAIRSEQ_RESIDUAL_FULL_ERROR=1, leave Python's traceback; callers catching the builtin base
+    (ValueError, FileNotFoundError, RuntimeError) still catch them."""
+    import io
+
+    from fairseq_residual import user_errors
+    from fairseq_residual.checkpoint_safety import ForeignCheckpointError, TruncatedCheckpointError
+    from fairseq_residual.data_checks import DataDirectoryError
+    from fairseq_residual.encoder_decoder import SchemeMismatchError
+    from fairseq_residual.norms import NormMismatchError
+    from fairseq_residual.schemes.base import OptionError
+
+    for cls, base in [(OptionError, ValueError), (SchemeMismatchError, ValueError), (NormMismatchError, ValueError),
+                      (ForeignCheckpointError, ValueError), (TruncatedCheckpointError, RuntimeError),
+                      (DataDirectoryError, FileNotFoundError)]:
+        assert issubclass(cls, user_errors.UserInputError) and issubclass(cls, base), cls
+    monkeypatch.delenv(user_errors.FULL_ERROR_VAR, raising=False)
+    out = io.StringIO()
+    assert user_errors.report(OptionError("--hc-streams must be in [1, 16], got 0"), "fairseq-train", out)
+    assert out.getvalue() == ("fairseq-train: error: --hc-streams must be in [1, 16], got 0\n"
+                              "(set the environment variable FAIRSEQ_RESIDUAL_FULL_ERROR=1 for the full traceback)\n")
+    out = io.StringIO()
+    assert not user_errors.report(ValueError("a bug"), "fairseq-train", out) and out.getvalue() == ""
+    monkeypatch.setenv(user_errors.FULL_ERROR_VAR, "1")
+    assert not user_errors.report(OptionError("x"), "fairseq-train", out) and out.getvalue() == ""
+    assert user_errors.is_fairseq_tool("/venv/bin/fairseq-generate")
+    assert user_errors.is_fairseq_tool("/venv/lib/python3.11/site-packages/fairseq_cli/train.py")
+    assert not user_errors.is_fairseq_tool("/usr/bin/ipython") and not user_errors.is_fairseq_tool("train.py")
+
+
+@pytest.mark.slow
+def test_fairseq_train_ends_on_a_wrong_input_with_one_message(tmp_path):
+    """A real fairseq-train on a missing data directory: the message and its fix, exit status 1, no
+    traceback; FAIRSEQ_RESIDUAL_FULL_ERROR=1 brings the traceback back."""
+    command = [str(VENV_BIN / "fairseq-train"), str(tmp_path / "nope"), "--user-dir", USER_DIR, "--task",
+               "translation", "--arch", MODEL_NAME + "_tiny", "--cpu", "--max-tokens", "512"]
+    proc = subprocess.run(command, env=cli_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.endswith(f"fairseq-train: error: data directory {tmp_path / 'nope'} does not exist: pass the "
+                                "--destdir of fairseq-preprocess (task.data=<path> under fairseq-hydra-train)\n"
+                                "(set the environment variable FAIRSEQ_RESIDUAL_FULL_ERROR=1 for the full "
+                                "traceback)\n"), proc.stderr[-3000:]
+    proc = subprocess.run(command, env={**cli_env(), "FAIRSEQ_RESIDUAL_FULL_ERROR": "1"}, capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
+    assert proc.stderr.rstrip().endswith(f"DataDirectoryError: data directory {tmp_path / 'nope'} does not exist: pass "
+                                         "the --destdir of fairseq-preprocess (task.data=<path> under "
+                                         "fairseq-hydra-train)"), proc.stderr[-3000:]

@@ -14,6 +14,7 @@ from importlib import import_module
 
 from .base import STACKS, ResidualScheme, SchemeOptions
 from .registry_order import SCHEME_MODULES as _SCHEME_MODULES
+from ..user_errors import SettingError
 
 SCHEMES = tuple(import_module(f"{__name__}.{module}").SCHEME for module in _SCHEME_MODULES)
 #: The schemes' registry names, in table order.
@@ -41,7 +42,7 @@ def get_scheme(name) -> ResidualScheme:
     try:
         return _BY_NAME[name]
     except (KeyError, TypeError):
-        raise ValueError(
+        raise SettingError(
             f"unknown residual scheme {name!r}: choose one of {', '.join(SCHEME_NAMES)} "
             f"(--residual-scheme / model.residual_scheme)"
         ) from None
@@ -56,7 +57,7 @@ def scheme_by_id(scheme_id: int) -> ResidualScheme:
     try:
         return _BY_ID[scheme_id]
     except KeyError:
-        raise ValueError(
+        raise SettingError(
             f"the checkpoint names residual scheme id {scheme_id}, which this fairseq-residual does "
             f"not know (known: {', '.join(f'{s.scheme_id}={s.name}' for s in SCHEMES)}); it was saved "
             f"by a newer version: upgrade fairseq-residual"

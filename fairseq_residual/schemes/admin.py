@@ -56,6 +56,7 @@ from ..pruning import held_layers
 from ..residual import NORM_OUTPUT, StackResidual, SublayerResidual, with_main
 from .admin_profile import main, read_profile  # noqa: F401  (main: python -m fairseq_residual.schemes.admin)
 from .base import STACKS, Option, ResidualScheme, setting
+from ..user_errors import SettingError
 
 logger = logging.getLogger(__name__)
 
@@ -298,7 +299,7 @@ class Admin(ResidualScheme):
                           "use --memory-efficient-bf16, which keeps the profile but, with no fp32 copy, applies no "
                           "update smaller than 2^-9 of a bf16 weight: omegas of 1-2 stay at their profile unless "
                           "the learning rate is above about 4e-3")
-                raise ValueError(
+                raise SettingError(
                     f"--{flag} (common.{flag}) keeps an fp32 copy of the weights made before the first batch, which "
                     f"would overwrite the omegas Admin profiles on that batch: profile once in fp32 (train 1 "
                     f"update, then fairseq-residual-admin-profile CHECKPOINT profile.ratio.init) "
@@ -310,7 +311,7 @@ class Admin(ResidualScheme):
 
     def stack_residual(self, cfg, stack, num_layers, embed_dim):
         if stack == "decoder" and cfg.no_cross_attention:
-            raise ValueError(
+            raise SettingError(
                 "--residual-scheme admin needs the decoder's cross-attention (its profile has three "
                 "sub-layers per decoder layer): drop --no-cross-attention or use another scheme"
             )

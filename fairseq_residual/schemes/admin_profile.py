@@ -14,6 +14,7 @@ from typing import List
 import torch
 
 from .base import STACKS, SchemeOptions
+from ..user_errors import SettingError
 
 
 def _depth_of(ks: List[int]) -> str:
@@ -55,7 +56,7 @@ def read_profile(path: str, encoder_layers: int, decoder_layers: int):
     ks, rs = [], []
     with open(path, "rb") as f:  # bytes: a binary file is named as such, with its line, not UnicodeDecodeError
         if f.read(4) == b"PK\x03\x04":  # a zip archive: what torch.save writes
-            raise ValueError(
+            raise SettingError(
                 f"--admin-profile {path} is a checkpoint (a zip archive), not a profile: write its profile "
                 f"with fairseq-residual-admin-profile {path} profile.ratio.init and pass "
                 f"--admin-profile profile.ratio.init, or {fix}"
@@ -65,7 +66,7 @@ def read_profile(path: str, encoder_layers: int, decoder_layers: int):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise ValueError(
+                raise SettingError(
                     f"--admin-profile {path} line {lineno} is not text (byte {raw[exc.start]:#04x} at column "
                     f"{exc.start + 1} is not UTF-8): a profile is the text 'k r' per line; is it a binary "
                     f"file? {fix}"
@@ -78,21 +79,21 @@ def read_profile(path: str, encoder_layers: int, decoder_layers: int):
                 if len(fields) != 2 or not math.isfinite(k) or k != int(k):
                     raise ValueError
             except (ValueError, IndexError):
-                raise ValueError(
+                raise SettingError(
                     f"--admin-profile {path} line {lineno}: expected 'k r' (sub-layer index, an integer, and "
                     f"its ratio), got {line.strip()!r}; {fix}"
                 ) from None
             if not (math.isfinite(r) and r > 0):
-                raise ValueError(
+                raise SettingError(
                     f"--admin-profile {path} line {lineno}: ratio {r!r} must be finite and > 0; {fix}"
                 )
             ks.append(int(k))
             rs.append(r)
     if not ks:
-        raise ValueError(f"--admin-profile {path} is empty: it has no 'k r' line; {fix}")
+        raise SettingError(f"--admin-profile {path} is empty: it has no 'k r' line; {fix}")
     expected = list(range(1, n_enc + 1)) + list(range(1, n_dec + 1))
     if ks != expected:
-        raise ValueError(
+        raise SettingError(
             f"--admin-profile {path} does not fit this model: it has {len(ks)} lines ({_depth_of(ks)}) but "
             f"a model of {encoder_layers} encoder and {decoder_layers} decoder layers needs {n_enc + n_dec} "
             f"(encoder k = 1..{n_enc}, then decoder k = 1..{n_dec}); it was profiled at another depth: {fix}"
@@ -133,11 +134,11 @@ def export_profile(checkpoint: str, out: str) -> None:
         from fairseq_residual.checkpoint_safety import trained_scheme
 
         theirs = trained_scheme(state)
-        raise ValueError(f"{checkpoint} is not a checkpoint of a --residual-scheme admin model"
+        raise SettingError(f"{checkpoint} is not a checkpoint of a --residual-scheme admin model"
                          f"{f' (its encoder scheme: {theirs})' if theirs else ''}: pass one that fairseq-train "
                          f"--residual-scheme admin wrote")
     if not (int(state["encoder.residual.profiled"]) and int(state["decoder.residual.profiled"])):
-        raise ValueError(f"{checkpoint} was saved before its first training batch: it has no profile yet")
+        raise SettingError(f"{checkpoint} was saved before its first training batch: it has no profile yet")
     write_profile(out, state["encoder.residual.profile"].tolist(), state["decoder.residual.profile"].tolist())
 
 

@@ -30,6 +30,7 @@ import torch
 
 from ..optim_groups import flat_master_copy_refusal
 from ..residual import SublayerResidual, StackResidual
+from ..user_errors import SettingError, UserInputError
 
 STACKS = ("encoder", "decoder")
 
@@ -44,7 +45,7 @@ def stack_depth(args, stack: str):
         value = getattr(getattr(args, stack), "layers", None)
     return value
 
-class OptionError(ValueError):
+class OptionError(UserInputError, ValueError):
     """A residual option outside its range, or given for a scheme that is not selected."""
 
 
@@ -344,30 +345,30 @@ class ResidualScheme:
         if not self.normalize_before:
             for stack in STACKS:
                 if getattr(args, f"{stack}_normalize_before", False):
-                    raise ValueError(
+                    raise SettingError(
                         f"--{stack}-normalize-before asks for Pre-LN but --residual-scheme is "
                         f"{self.name}: the scheme decides where LayerNorm goes; drop "
                         f"--{stack}-normalize-before or use --residual-scheme pre_ln"
                     )
         if self.final_norm_needed and getattr(args, "no_decoder_final_norm", False):
-            raise ValueError(
+            raise SettingError(
                 f"--no-decoder-final-norm drops the decoder's final LayerNorm, which --residual-scheme {self.name} "
                 f"needs: {self.final_norm_needed}; drop --no-decoder-final-norm"
             )
         if not self.has_layer_norm and getattr(args, "layernorm_embedding", False):
-            raise ValueError(
+            raise SettingError(
                 f"--layernorm-embedding adds a LayerNorm but --residual-scheme {self.name} has none anywhere: "
                 f"drop --layernorm-embedding"
             )
         if not self.layerdrop:
             for stack in STACKS:
                 if (getattr(args, f"{stack}_layerdrop", 0) or 0) > 0:
-                    raise ValueError(
+                    raise SettingError(
                         f"--{stack}-layerdrop is not supported with --residual-scheme {self.name}: "
                         f"{self.no_layerdrop_reason}; drop --{stack}-layerdrop"
                     )
                 if getattr(args, f"{stack}_layers_to_keep", None):
-                    raise ValueError(
+                    raise SettingError(
                         f"--{stack}-layers-to-keep is not supported with --residual-scheme {self.name}: "
                         f"{self.no_layerdrop_reason}; drop --{stack}-layers-to-keep"
                     )
@@ -440,7 +441,7 @@ class ResidualScheme:
         why = flat_master_copy_refusal(flat, self.optim_overrides_keys if self.optim_overrides else (),
                                        setting(cfg, "optimizer", "weight_decay", 0))
         if why:
-            raise ValueError(f"--residual-scheme {self.name} trains {self.optim_overrides}, but {why}")
+            raise SettingError(f"--residual-scheme {self.name} trains {self.optim_overrides}, but {why}")
 
     def after_optimizer_step(self, model, optimizer) -> None:
         """Called after every optimizer step of ``fairseq-train`` (fairseq's ``task.optimizer_step``), with the model

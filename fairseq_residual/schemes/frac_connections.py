@@ -56,6 +56,7 @@ from torch import Tensor
 from ..residual import NORM_INPUT
 from .base import STACKS, Option, OptionError, ResidualScheme
 from .hyper_connections import NO_WEIGHT_DECAY, TanhConnection
+from ..user_errors import SettingError
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class FracConnection(TanhConnection):
         super().__init__(site)
         m, c = fracs, site.embed_dim
         if c % m:
-            raise ValueError(f"--frac-connections-fracs {m} does not divide the width {c} of the {site.stack}")
+            raise SettingError(f"--frac-connections-fracs {m} does not divide the width {c} of the {site.stack}")
         self.n_fracs = m
         self.compile_training = False
         self.coefficient_in_context = False  # B goes to update in the state: the layers return no context

@@ -63,6 +63,7 @@ from torch import Tensor, nn
 
 from ..residual import SublayerResidual, with_main
 from .base import Option, ResidualScheme
+from ..user_errors import SettingError
 
 VARIANTS = ("rw", "lr", "pa")
 
@@ -204,7 +205,7 @@ class Laurel(ResidualScheme):
         for stack in ("encoder", "decoder"):
             width = getattr(args, f"{stack}_embed_dim", None)
             if width is not None and rank > width:
-                raise ValueError(
+                raise SettingError(
                     f"--laurel-rank (model.laurel_rank) must be at most the model width for --residual-scheme "
                     f"laurel, got {rank} > --{stack}-embed-dim {width}: B A would not be low rank; use a smaller "
                     f"--laurel-rank")

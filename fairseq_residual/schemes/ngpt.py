@@ -77,6 +77,7 @@ from torch import Tensor, nn
 from ..layers import ResidualDecoderLayer, ResidualEncoderLayer
 from ..residual import NORM_NONE, StackResidual, SublayerResidual, with_main
 from .base import Option, ResidualScheme, largest_setting, setting, unwrap_model
+from ..user_errors import SettingError
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class NGPTStackResidual(StackResidual):
 
 def _linear_parts(linear: nn.Linear, what: str):
     if type(linear) is not nn.Linear or getattr(linear, "weight_orig", None) is not None:
-        raise ValueError(f"--residual-scheme ngpt needs fairseq's plain nn.Linear as {what}, got "
+        raise SettingError(f"--residual-scheme ngpt needs fairseq's plain nn.Linear as {what}, got "
                          f"{type(linear).__name__}: drop the option that wraps it")
     return linear.in_features, linear.out_features
 
@@ -363,14 +364,14 @@ class NGPT(ResidualScheme):
     def check_args(self, args) -> None:
         super().check_args(args)
         if getattr(args, "adaptive_softmax_cutoff", None):
-            raise ValueError("--adaptive-softmax-cutoff replaces the output projection, which --residual-scheme ngpt "
+            raise SettingError("--adaptive-softmax-cutoff replaces the output projection, which --residual-scheme ngpt "
                              "renormalises and scales by s_z: drop --adaptive-softmax-cutoff")
         width = getattr(args, "decoder_embed_dim", None)
         for key in ("decoder_input_dim", "decoder_output_dim"):
             value = getattr(args, key, None)
             if value is not None and width is not None and value != width:
                 flag = "--" + key.replace("_", "-")
-                raise ValueError(f"{flag} {value} differs from --decoder-embed-dim {width}: the projection in between "
+                raise SettingError(f"{flag} {value} differs from --decoder-embed-dim {width}: the projection in between "
                                  f"would leave the sphere of --residual-scheme ngpt; drop {flag}")
 
     def check_training(self, cfg, model) -> None:
@@ -381,7 +382,7 @@ class NGPT(ResidualScheme):
         """
         super().check_training(cfg, model)
         if setting(cfg, "distributed_training", "ddp_backend") == "fully_sharded":
-            raise ValueError("--ddp-backend fully_sharded (distributed_training.ddp_backend) flattens the weights "
+            raise SettingError("--ddp-backend fully_sharded (distributed_training.ddp_backend) flattens the weights "
                              "into shards without rows, which --residual-scheme ngpt renormalises after every step: "
                              "use --ddp-backend pytorch_ddp (or c10d, no_c10d, legacy_ddp)")
         decay = largest_setting(cfg, "optimizer", "weight_decay")

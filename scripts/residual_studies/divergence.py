@@ -30,8 +30,9 @@ SIGNS = (
     ("fatal: limit exceeded", re.compile(r"(fatal|norm|limit)\b.*\bexceeded", re.I)),
     ("NaN detected", re.compile(r"NaN detected")),
 )
-#: a crash (in a log that may also hold an earlier, finished training)
-CRASH = re.compile(r"^Traceback \(most recent call last\)|Error executing job|ChildFailedError")
+#: a crash (in a log that may also hold an earlier, finished training): Python's traceback, Hydra's and torchrun's
+#: reports, or the one-line report of the plugin's errors about the user's input (fairseq_residual/user_errors.py)
+CRASH = re.compile(r"^Traceback \(most recent call last\)|Error executing job|ChildFailedError|^fairseq-[\w-]+: error: ")
 DONE = re.compile(r"done training in")
 #: the logs of a run directory that training writes (not the evaluation's)
 LOG_GLOBS = ("hydra_train.log", "train.log", "slurm-*.out", "*.log")
