@@ -36,12 +36,12 @@ def is_fairseq_tool(argv0: str) -> bool:
 
 
 def report(exc: BaseException, program: str, stream) -> bool:
-    """Write ``<program>: error: <message>`` and the way back to the traceback to ``stream`` if ``exc`` is a
-    :class:`UserInputError` and ``FAIRSEQ_RESIDUAL_FULL_ERROR`` is unset or ``0``; returns whether it did."""
+    """Write one line, ``<program>: error: <message>`` and the way back to the traceback, to ``stream`` if ``exc``
+    is a :class:`UserInputError` and ``FAIRSEQ_RESIDUAL_FULL_ERROR`` is unset or ``0``; returns whether it did. One
+    line, so that what reads a log's last line (the studies' failure reasons, a SLURM log's tail) reads all of it."""
     if not isinstance(exc, UserInputError) or os.environ.get(FULL_ERROR_VAR, "0") not in ("", "0"):
         return False
-    stream.write(f"{program}: error: {exc}\n"
-                 f"(set the environment variable {FULL_ERROR_VAR}=1 for the full traceback)\n")
+    stream.write(f"{program}: error: {exc} ({FULL_ERROR_VAR}=1 shows the traceback)\n")
     stream.flush()
     return True
 

@@ -494,15 +494,17 @@ def test_collect_results_table_keeps_diverged_runs(tmp_path):
 
 
 def test_a_crash_reported_in_one_line_is_a_crash(tmp_path):
-    """The plugin ends fairseq's tools on a wrong input with ``fairseq-train: error: ...`` instead of a traceback:
-    a run that stopped so, without a checkpoint, still counts as crashed; the same log without it as running."""
-    from residual_studies.divergence import run_dir_divergence
+    """The plugin ends fairseq's tools on a wrong input with one line, ``fairseq-train: error: ...``, instead of a
+    traceback: a run that stopped so, without a checkpoint, still counts as crashed, and its failure reason is the
+    whole message; the same log without it counts as running."""
+    from residual_studies.divergence import classify, run_dir_divergence
 
     head = "[train][INFO] - epoch 001 | loss 9.1\n"
-    crashed = make_run(tmp_path, "post_ln-12L-seed1", None, head + "fairseq-train: error: checkpoint x.pt is truncated "
-                       "(10 bytes)\n(set the environment variable FAIRSEQ_RESIDUAL_FULL_ERROR=1 for the full traceback)\n",
-                       checkpoint=False)
+    error = ("fairseq-train: error: checkpoint x.pt is truncated (10 bytes) (FAIRSEQ_RESIDUAL_FULL_ERROR=1 shows the "
+             "traceback)")
+    crashed = make_run(tmp_path, "post_ln-12L-seed1", None, head + error + "\n", checkpoint=False)
     assert run_dir_divergence(crashed) == "crashed without a final checkpoint (checkpoint_last.pt missing)"
+    assert classify(1, head + error + "\n", None) == ("failed", f"fairseq-train exit status 1: {error}")
     assert run_dir_divergence(make_run(tmp_path, "post_ln-12L-seed2", None, head, checkpoint=False)) is None
 
 

@@ -237,8 +237,8 @@ def test_user_input_errors_are_one_message_and_keep_their_builtin_base(monkeypat
     monkeypatch.delenv(user_errors.FULL_ERROR_VAR, raising=False)
     out = io.StringIO()
     assert user_errors.report(OptionError("--hc-streams must be in [1, 16], got 0"), "fairseq-train", out)
-    assert out.getvalue() == ("fairseq-train: error: --hc-streams must be in [1, 16], got 0\n"
-                              "(set the environment variable FAIRSEQ_RESIDUAL_FULL_ERROR=1 for the full traceback)\n")
+    assert out.getvalue() == ("fairseq-train: error: --hc-streams must be in [1, 16], got 0 "
+                              "(FAIRSEQ_RESIDUAL_FULL_ERROR=1 shows the traceback)\n")
     out = io.StringIO()
     assert not user_errors.report(ValueError("a bug"), "fairseq-train", out) and out.getvalue() == ""
     monkeypatch.setenv(user_errors.FULL_ERROR_VAR, "1")
@@ -258,9 +258,8 @@ def test_fairseq_train_ends_on_a_wrong_input_with_one_message(tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert proc.stderr.endswith(f"fairseq-train: error: data directory {tmp_path / 'nope'} does not exist: pass the "
-                                "--destdir of fairseq-preprocess (task.data=<path> under fairseq-hydra-train)\n"
-                                "(set the environment variable FAIRSEQ_RESIDUAL_FULL_ERROR=1 for the full "
-                                "traceback)\n"), proc.stderr[-3000:]
+                                "--destdir of fairseq-preprocess (task.data=<path> under fairseq-hydra-train) "
+                                "(FAIRSEQ_RESIDUAL_FULL_ERROR=1 shows the traceback)\n"), proc.stderr[-3000:]
     proc = subprocess.run(command, env={**cli_env(), "FAIRSEQ_RESIDUAL_FULL_ERROR": "1"}, capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
