@@ -183,6 +183,45 @@ def test_rank_mode_ranks_every_row_at_its_chosen_rate(fake_study):
     assert not (out / "results.md").exists()
 
 
+def test_lr_from_trains_each_row_at_the_rate_another_ranking_chose(fake_study, tmp_path, capsys):
+    """--lr-from: a second ranking (another width, a GPU) trains each row at the first ranking's chosen rate,
+    read from its ranking.json (chosen_lr, also for rows not ranked yet), and refuses a row it has no rate for."""
+    fake, run = fake_study
+    first = run("--schemes", "post_ln,pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,4e-3", "--tune-seeds", "2")
+    saved = json.loads((first / "ranking.json").read_text())
+    assert saved["chosen_lr"] == {"post_ln": 1e-3, "pre_ln": 4e-3}
+    source = tmp_path / "first-ranking.json"
+    source.write_text(json.dumps(saved))
+    fake.calls.clear()
+    args = claims.parse_args(["--out", str(tmp_path / "wide"), "--updates", "4", "--jobs", "1", "--width", "96",
+                              "--schemes", "post_ln,pre_ln", "--rank", "warm6", "--seeds", "1",
+                              "--lr-from", str(source)])
+    assert claims_study.study(args) == 0
+    assert sorted((s, lr, seed) for s, lr, seed, _, _ in fake.calls) == [("post_ln", 1e-3, 1), ("pre_ln", 4e-3, 1)]
+    wide = json.loads((tmp_path / "wide" / "ranking.json").read_text())
+    assert {r["row"]: r["lr"] for r in wide["rows"]} == {"post_ln": 1e-3, "pre_ln": 4e-3}
+    assert {c["settings"]["width"] for c in wide["cells"]} == {96}
+    assert f"Each row at the learning rate the ranking in {source} chose for it; seeds 1." in \
+        (tmp_path / "wide" / "ranking.md").read_text()
+    # a ranking written before chosen_lr existed: its ranked rows' rates
+    del saved["chosen_lr"]
+    source.write_text(json.dumps(saved))
+    args = claims.parse_args(["--rank", "warm6", "--lr-from", str(source)])
+    assert args.lr_by_row == {"post_ln": 1e-3, "pre_ln": 4e-3} and args.schemes == ["post_ln", "pre_ln"]
+    for argv, message in [
+        (["--schemes", "pre_ln,resi_dual", "--rank", "warm6"], "chose no rate for resi_dual (it has one for post_ln, "
+                                                               "pre_ln): drop them from --schemes"),
+        (["--schemes", "pre_ln"], "--lr-from gives each row of a ranking the rate another ranking chose: add --rank"),
+        (["--schemes", "pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,2e-3"], "and drop --lr-grid"),
+    ]:
+        with pytest.raises(SystemExit):
+            claims.parse_args([*argv, "--lr-from", str(source)])
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        claims.parse_args(["--rank", "warm6", "--lr-from", str(tmp_path / "none.json")])
+    assert "none.json: not a ranking's ranking.json (FileNotFoundError: no such file)" in capsys.readouterr().err
+
+
 def test_a_report_read_while_the_selection_runs_chooses_nothing_and_says_what_has_finished(fake_study, capsys):
     """--report-only while selection cells are missing: a row without its whole grid has no rate yet (a choice
     on part of the grid would start its final cells at a rate the rest of the grid might beat), the progress

@@ -338,6 +338,11 @@ def build_parser():
                         "ratio, top-layer cosine and the paper's IWSLT14 BLEU per row, best first "
                         "(ranking.md/json/png); with --lr-grid each row at its own chosen rate and --tune-seeds, "
                         "else at --lr and --seeds. E.g. --rank warm12 --schemes all --lr-grid 5e-4,1e-3,2e-3,4e-3")
+    p.add_argument("--lr-from", default=None, metavar="RANKING_JSON",
+                   help="with --rank, instead of --lr-grid: each row at the learning rate a finished ranking chose "
+                        "for it (that study's ranking.json, e.g. docs/results/2026-12-04-ranking/ranking.json), to "
+                        "train the same rates at another --width or on a GPU (--schemes defaults to every row "
+                        "it chose a rate for; one it chose none for is refused)")
     p.add_argument("--archive", default=None, metavar="DIR",
                    help="with --rank: after the report, copy every finished cell's small files (settings, "
                         "training state, results, analysis, validation curve; never checkpoints or logs) and "
@@ -357,6 +362,22 @@ def build_parser():
     return p
 
 
+def chosen_rates(path):
+    """``{row: learning rate or None}`` a ranking chose (its ``ranking.json``: ``chosen_lr``, every row of the
+    study with a finished selection; a ranking written before that field existed: its ranked rows' ``lr``).
+
+    Raises:
+        OSError, ValueError (not JSON or not a ranking), KeyError, TypeError: the file is not a ranking's.
+    """
+    saved = read_json(path)
+    if saved is None:
+        raise FileNotFoundError("no such file")
+    if not isinstance(saved, dict) or "rows" not in saved:
+        raise ValueError("it has no 'rows'")
+    chosen = saved.get("chosen_lr") or {r["row"]: r["lr"] for r in saved["rows"]}
+    return {row: None if lr is None else float(lr) for row, lr in chosen.items()}
+
+
 def parse_args(argv=None):
     """The parsed options, with ``argv`` (the command line as given, for the reports) and ``device_args``
     (fairseq's device options) added."""
@@ -371,6 +392,22 @@ def parse_args(argv=None):
     if args.lr_grid and args.select_seed in args.tune_seeds:
         parser.error(f"--tune-seeds {','.join(map(str, args.tune_seeds))} holds --select-seed {args.select_seed}: "
                      "the seeds at the chosen rate must be fresh (the choice was made on that seed)")
+    args.lr_by_row = None
+    if args.lr_from:
+        if not args.rank or args.lr_grid:
+            parser.error("--lr-from gives each row of a ranking the rate another ranking chose: add --rank "
+                         "CONDITION and drop --lr-grid (which chooses the rates itself)")
+        try:
+            args.lr_by_row = chosen_rates(args.lr_from)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            parser.error(f"--lr-from {args.lr_from}: not a ranking's ranking.json ({type(e).__name__}: {e})")
+        if "--schemes" not in given:  # every row that ranking chose a rate for
+            args.schemes = [s for s in ORDER if args.lr_by_row.get(s) is not None]
+        missing = [s for s in args.schemes if args.lr_by_row.get(s) is None]
+        if missing:
+            parser.error(f"--lr-from {args.lr_from} chose no rate for {', '.join(missing)} (it has one for "
+                         f"{', '.join(sorted(r for r, lr in args.lr_by_row.items() if lr is not None)) or 'no row'}): "
+                         "drop them from --schemes")
     if args.idle_costs and not args.rank:
         parser.error("--idle-costs reads the equal-compute column of a ranking: add --rank CONDITION or drop it")
     args.idle = None

@@ -104,10 +104,12 @@ def study(args):
     t0 = time.time()
     data = grid.start(args, log)
     rows = grid_rows(args)
+    rate = args.lr_by_row or {}  # --lr-from: each row's rate; else --lr (None)
     cells = [(r, c, k) for c in args.conditions for r in rows for k in args.seeds]
     if args.dry_run:
         for r, c, k in cells:
-            print(f"{r} {c} seed {k}: {cell_folder(args, data, r, c, k)}")
+            print(f"{r} {c} seed {k}" + (f" lr {rate[r]:g}" if r in rate else "") +
+                  f": {cell_folder(args, data, r, c, k, rate.get(r))}")
         if args.lr_grid:
             for c in lr_protocol.selection_conditions(args.conditions):
                 for r in rows:
@@ -122,11 +124,12 @@ def study(args):
     if not args.report_only:
         log(f"{len(cells)} cells: {', '.join(rows)} x conditions {','.join(args.conditions)} x seeds "
             f"{','.join(map(str, args.seeds))}, {args.updates} updates each, {args.jobs} job(s)")
-    results = _cells(args, data, [(*c, None) for c in cells])
+    results = _cells(args, data, [(*c, rate.get(c[0])) for c in cells])
     if not results:
         raise ToolError(f"no finished cell with these settings under {args.out}/cells")
     if args.rank:
-        return _write_ranking(args, results, None, t0, {folder_name(args, data, *c) for c in cells})
+        return _write_ranking(args, results, None, t0,
+                              {folder_name(args, data, *c, rate.get(c[0])) for c in cells})
     text = write_report(args, results, time.time() - t0, _by_budget(args, data, cells))
     print("\n" + text)
     log(f"wrote {os.path.join(args.out, 'results.md')}, results.json and claims.png "
@@ -172,13 +175,19 @@ def _write_ranking(args, results, tuned, t0, folders):
     study plans (a study folder may hold another study's cells too); returns the exit status."""
     note = (f"Each row at its own learning rate, chosen from {','.join(f'{g:g}' for g in args.lr_grid)} on seed "
             f"{args.select_seed} at {args.select_updates} updates (selection below); seeds "
-            f"{','.join(map(str, args.tune_seeds))}." if tuned else f"Every row at lr {args.lr:g}; seeds "
-            f"{','.join(map(str, args.seeds))}.")
+            f"{','.join(map(str, args.tune_seeds))}." if tuned else
+            f"Each row at the learning rate the ranking in {args.lr_from} chose for it; seeds "
+            f"{','.join(map(str, args.seeds))}." if args.lr_by_row else
+            f"Every row at lr {args.lr:g}; seeds {','.join(map(str, args.seeds))}.")
     note += f" {args.updates} updates per cell; command: `scripts/claims_study.sh {' '.join(args.argv)}`."
     progress = tuned and _progress(args, tuned, results)
-    text = ranking.write(args.out, results, args.rank, tuned and tuned["lr_by_row"], note,
+    threads = f"{args.threads} thread{'s' if args.threads != 1 else ''}" if args.threads else "torch's threads"
+    cost_basis = f"{threads} per run, {args.jobs} run{'s' if args.jobs != 1 else ''} side by side" + (
+        " on one GPU: a process's CPU time stands for its share of the GPU, measured under the others' load"
+        if args.device == "cuda" else "")
+    text = ranking.write(args.out, results, args.rank, tuned["lr_by_row"] if tuned else args.lr_by_row, note,
                          selection=tuned and tuned["table"], progress=progress, idle=getattr(args, "idle", None),
-                         selected=tuned and tuned["selected"])
+                         selected=tuned and tuned["selected"], cost_basis=cost_basis)
     print("\n" + text)
     log(f"wrote {os.path.join(args.out, 'ranking.md')}, ranking.json and ranking.png "
         f"({(time.time() - t0) / 60:.1f} min)")

@@ -634,9 +634,10 @@ def archive(out, dest, cells=None):
 
 
 def write(out, results, condition, lr_by_row=None, note="", selection=None, progress=None, idle=None,
-          selected=None):
+          selected=None, cost_basis="one thread, two runs side by side"):
     """``ranking.md``, ``ranking.json``, ``ranking.png`` and ``ranking_curves.png`` in ``out``; returns the
-    Markdown text.
+    Markdown text. ``ranking.json`` holds the ranked rows, the order's statistics, the cells and, with
+    ``lr_by_row``, every row's rate as ``chosen_lr`` (what ``--lr-from`` reads).
 
     Args:
         results: the claims-study cells of ``condition`` (one per row and seed).
@@ -647,6 +648,7 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         idle: the rows' training time relative to stock Pre-LN on an idle machine (:func:`equal_compute`), or
             None.
         selected: the selection's cells (one seed per row and rate), for :func:`order_stability`; or None.
+        cost_basis: how the cells ran, for the legend of the CPU-seconds columns.
     """
     rows = rank(results, condition, lr_by_row)
     budget = max((r.get("reached") or 0 for r in results), default=0)
@@ -674,7 +676,7 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         "token, lowest first). vs next: the seed-paired difference in valid nll to the row below, with its 95% "
         "t-interval (resolved when it excludes zero). grad: layer-1 / top-layer gradient norm, cos: cosine of "
         "the last two layer outputs, encoder / decoder. CPU-s / update: training CPU-seconds per update over the "
-        "row's cells (one thread, two runs side by side). Equal compute: the valid nll after the training "
+        f"row's cells ({cost_basis}). Equal compute: the valid nll after the training "
         "CPU-seconds Pre-LN needed for the final budget, read on each seed's validation curve at that many of "
         "the row's updates (linear between validations, never extrapolated; a row cheaper than Pre-LN shows its "
         f"final-budget value, an upper bound){idle_legend}. Plateau: the first validation at or after "
@@ -691,7 +693,10 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         *(["## How each row's learning rate was chosen", "", selection, ""] if selection else [])])
     with open(os.path.join(out, "ranking.md"), "w", encoding="utf-8") as f:
         f.write(text)
-    write_json(os.path.join(out, "ranking.json"), dict(condition=condition, rows=rows, order=order, cells=results))
+    saved = dict(condition=condition, rows=rows, order=order, cells=results)
+    if lr_by_row:  # every row with a rate, ranked or not yet: what --lr-from reads
+        saved["chosen_lr"] = dict(lr_by_row)
+    write_json(os.path.join(out, "ranking.json"), saved)
     if rows:
         plot(rows, os.path.join(out, "ranking.png"), title)
         plot_curves(rows, os.path.join(out, "ranking_curves.png"), f"{title}: valid nll against CPU time")
