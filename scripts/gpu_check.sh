@@ -19,6 +19,7 @@
 #   bench_<dtype>.json/.txt  scripts/speed_benchmark.py per dtype: every scheme's training/generation
 #                    throughput and peak memory against the stock transformer it builds on
 #   summary.txt      the speed goals per dtype x shape x scheme
+#   ranking/         with RANKING_S > 0: scripts/gpu_ranking.sh's output (ranking.md per budget reached)
 #   steps.tsv        one line per step as it ends: name, exit status, seconds (124: its time limit)
 #   <step>.log       each step's output;  setup.log, env.txt  what setup did, versions and GPUs
 #
@@ -30,7 +31,9 @@
 #   REPEATS (3), WARMUP (1), GEN_SENTENCES (32 per beam-search batch; 2 on the CPU), DTYPES
 #   ("fp32 bf16 fp16"), PREC_DEPTHS (6,12,24,48), PREC_WIDTH (512), PREC_UPDATES (10), OVERFLOW_UPDATES (30),
 #   OVERFLOW_RUNS (see overflow.json above), DDP_CONFIGS (default: all of scripts/ddp_check.py's), and per
-#   step limits in seconds: DEVICE_S (60), DDP_S (75), PREC_S (120), OVERFLOW_S (45), SPEED_S (90 per dtype).
+#   step limits in seconds: DEVICE_S (60), DDP_S (75), PREC_S (120), OVERFLOW_S (45), SPEED_S (90 per dtype);
+#   RANKING_S (0: off) adds, after the checks and on top of BUDGET_S, scripts/gpu_ranking.sh (the CPU ranking's
+#   rows at width 256, one seed, at its chosen rates) under that limit, into "$OUT/ranking".
 # Time: at most BUDGET_S plus 10 s kill grace per step, by construction (the step limits add up to 570 s);
 #   the limits are estimates, not measured on a GPU. Setup, when fairseq must be installed, comes on top.
 # Exit status: 0 when every step finished, 1 when a step failed, was cut short or skipped, 2/3 when setup
@@ -63,6 +66,7 @@ DDP_S="${DDP_S:-75}"
 PREC_S="${PREC_S:-120}"
 OVERFLOW_S="${OVERFLOW_S:-45}"
 SPEED_S="${SPEED_S:-90}"
+RANKING_S="${RANKING_S:-0}"
 GEN_SENTENCES="${GEN_SENTENCES:-$([ "$DEVICE" = cpu ] && echo 2 || echo 32)}"
 DDP_CONFIGS="${DDP_CONFIGS:-}"
 export PYTHONUNBUFFERED=1
@@ -203,6 +207,11 @@ for dtype in $DTYPES; do
         --out "$OUT/bench_$dtype.json"
     cp "$OUT/bench_$dtype.log" "$OUT/bench_$dtype.txt"
 done
+
+if [ "$RANKING_S" -gt 0 ]; then  # opt-in, after the checks and on its own time: the ranking at width 256
+    BUDGET_S=$(( BUDGET_S + RANKING_S ))
+    step ranking "$RANKING_S" env OUT="$OUT/ranking" DEVICE="$DEVICE" PYTHON="$PY" bash scripts/gpu_ranking.sh
+fi
 
 PYTHONPATH="$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m residual_studies.shell speed-summary "$OUT" $DTYPES 2>&1 | tee "$OUT/summary.txt"
 echo "== done in $(( SECONDS - start ))s; steps: $(tr '\t\n' ' ;' < "$OUT/steps.tsv")"

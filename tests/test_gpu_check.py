@@ -37,6 +37,34 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path):
     assert "resi_dual" in (out / "summary.txt").read_text()
 
 
+@pytest.mark.slow
+def test_gpu_ranking_dry_run_on_the_cpu(tmp_path, corpus_head):
+    """scripts/gpu_ranking.sh at toy sizes on the CPU: Pre-LN at the rate the committed CPU ranking chose, two
+    growing budgets, each with its ranking written before the next (the second continues the first's cell)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from residual_studies.claims import chosen_rates
+
+    out = tmp_path / "ranking"
+    env = cli_env()
+    env.update(DEVICE="cpu", OUT=str(out), PYTHON=sys.executable, SCHEMES="pre_ln",
+               EXTRA=f"--heads 2 --vocab-size 200 --bleu-sentences 5 --max-tokens 512 --warmup 3 "
+                     f"--data {corpus_head(300, 20, 20)}")
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_ranking.sh")], cwd=REPO, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert [line.split("\t")[:2] for line in (out / "budgets.tsv").read_text().splitlines()] == [["2", "0"],
+                                                                                                ["4", "0"]]
+    assert "2 updates per cell" in (out / "ranking-u2.md").read_text()
+    assert "4 updates per cell" in (out / "ranking-u4.md").read_text()
+    saved = json.loads((out / "ranking.json").read_text())
+    (row,) = saved["rows"]
+    committed = chosen_rates(REPO / "docs" / "results" / "2026-12-04-ranking" / "ranking.json")
+    assert row["row"] == "pre_ln" and row["lr"] == committed["pre_ln"] and row["seeds"] == 1
+    (cell,) = saved["cells"]
+    assert cell["settings"]["width"] == 16 and cell["settings"]["lr"] == committed["pre_ln"]
+    assert len(list((out / "cells").iterdir())) == 1  # the larger budget continued the same cell
+
+
 def test_the_default_step_limits_fit_ten_minutes():
     """The per-step limits of a default run (3 dtypes) add up to at most the shared budget, and the budget
     leaves 30 s of the 600 for the summary and the kill grace of a step cut short."""
