@@ -45,7 +45,7 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-from .user_errors import UserInputError
+from .user_errors import MissingFileError, UserInputError
 
 logger = logging.getLogger(__name__)
 
@@ -418,7 +418,7 @@ def check_not_truncated(path: str, fix: str = "load another one") -> None:
             complete checkpoints beside it.
     """
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint {path}: no such file")
+        raise MissingFileError(f"checkpoint {path}: no such file")
     with open(path, "rb") as f:
         head = f.read(4)
     if not head or (head == b"PK\x03\x04" and not zipfile.is_zipfile(path)):

@@ -33,7 +33,8 @@
 #   OVERFLOW_RUNS (see overflow.json above), DDP_CONFIGS (default: all of scripts/ddp_check.py's), and per
 #   step limits in seconds: DEVICE_S (60), DDP_S (75), PREC_S (120), OVERFLOW_S (45), SPEED_S (90 per dtype);
 #   RANKING_S (0: off) adds, after the checks and on top of BUDGET_S, scripts/gpu_ranking.sh (the CPU ranking's
-#   rows at width 256, one seed, at its chosen rates) under that limit, into "$OUT/ranking".
+#   rows at width 256, one seed, at its chosen rates; RANKING_SCHEMES: a subset of them) under that limit, into
+#   "$OUT/ranking"; cut short by the limit, it keeps the budgets it finished and counts as a step cut short.
 # Time: at most BUDGET_S plus 10 s kill grace per step, by construction (the step limits add up to 570 s);
 #   the limits are estimates, not measured on a GPU. Setup, when fairseq must be installed, comes on top.
 # Exit status: 0 when every step finished, 1 when a step failed, was cut short or skipped, 2/3 when setup
@@ -67,6 +68,7 @@ PREC_S="${PREC_S:-120}"
 OVERFLOW_S="${OVERFLOW_S:-45}"
 SPEED_S="${SPEED_S:-90}"
 RANKING_S="${RANKING_S:-0}"
+RANKING_SCHEMES="${RANKING_SCHEMES:-}"
 GEN_SENTENCES="${GEN_SENTENCES:-$([ "$DEVICE" = cpu ] && echo 2 || echo 32)}"
 DDP_CONFIGS="${DDP_CONFIGS:-}"
 export PYTHONUNBUFFERED=1
@@ -210,7 +212,8 @@ done
 
 if [ "$RANKING_S" -gt 0 ]; then  # opt-in, after the checks and on its own time: the ranking at width 256
     BUDGET_S=$(( BUDGET_S + RANKING_S ))
-    step ranking "$RANKING_S" env OUT="$OUT/ranking" DEVICE="$DEVICE" PYTHON="$PY" bash scripts/gpu_ranking.sh
+    step ranking "$RANKING_S" env OUT="$OUT/ranking" DEVICE="$DEVICE" PYTHON="$PY" SCHEMES="$RANKING_SCHEMES" \
+        bash scripts/gpu_ranking.sh
 fi
 
 PYTHONPATH="$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m residual_studies.shell speed-summary "$OUT" $DTYPES 2>&1 | tee "$OUT/summary.txt"

@@ -31,6 +31,8 @@ BUDGETS="${BUDGETS:-500 1000 2000 3000}"
 JOBS="${JOBS:-16}"
 EXTRA="${EXTRA:-}"
 export PYTHON
+# the study starts fairseq-train, -generate, ...: those of $PYTHON's environment, also when it is not on PATH
+scripts_dir=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))') && PATH="$scripts_dir:$PATH"
 mkdir -p "$OUT"
 : > "$OUT/budgets.tsv"
 

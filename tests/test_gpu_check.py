@@ -58,8 +58,9 @@ def test_gpu_ranking_dry_run_on_the_cpu(tmp_path, corpus_head):
     assert "4 updates per cell" in (out / "ranking-u4.md").read_text()
     saved = json.loads((out / "ranking.json").read_text())
     (row,) = saved["rows"]
-    committed = chosen_rates(REPO / "docs" / "results" / "2026-12-04-ranking" / "ranking.json")
+    condition, committed = chosen_rates(REPO / "docs" / "results" / "2026-12-04-ranking" / "ranking.json")
     assert row["row"] == "pre_ln" and row["lr"] == committed["pre_ln"] and row["seeds"] == 1
+    assert saved["condition"] == condition == "warm12"
     (cell,) = saved["cells"]
     assert cell["settings"]["width"] == 16 and cell["settings"]["lr"] == committed["pre_ln"]
     assert len(list((out / "cells").iterdir())) == 1  # the larger budget continued the same cell

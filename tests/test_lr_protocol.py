@@ -199,7 +199,7 @@ def test_lr_from_trains_each_row_at_the_rate_another_ranking_chose(fake_study, t
     assert claims_study.study(args) == 0
     assert sorted((s, lr, seed) for s, lr, seed, _, _ in fake.calls) == [("post_ln", 1e-3, 1), ("pre_ln", 4e-3, 1)]
     wide = json.loads((tmp_path / "wide" / "ranking.json").read_text())
-    assert {r["row"]: r["lr"] for r in wide["rows"]} == {"post_ln": 1e-3, "pre_ln": 4e-3}
+    assert {r["row"]: r["lr"] for r in wide["rows"]} == wide["chosen_lr"] == {"post_ln": 1e-3, "pre_ln": 4e-3}
     assert {c["settings"]["width"] for c in wide["cells"]} == {96}
     assert f"Each row at the learning rate the ranking in {source} chose for it; seeds 1." in \
         (tmp_path / "wide" / "ranking.md").read_text()
@@ -208,11 +208,17 @@ def test_lr_from_trains_each_row_at_the_rate_another_ranking_chose(fake_study, t
     source.write_text(json.dumps(saved))
     args = claims.parse_args(["--rank", "warm6", "--lr-from", str(source)])
     assert args.lr_by_row == {"post_ln": 1e-3, "pre_ln": 4e-3} and args.schemes == ["post_ln", "pre_ln"]
+    args = claims.parse_args(["--rank", "warm6", "--sch", "pre_ln", "--lr-from", str(source)])  # abbreviated
+    assert args.schemes == ["pre_ln"] and args.lr_by_row == {"pre_ln": 4e-3}
     for argv, message in [
         (["--schemes", "pre_ln,resi_dual", "--rank", "warm6"], "chose no rate for resi_dual (it has one for post_ln, "
-                                                               "pre_ln): drop them from --schemes"),
+                                                               "pre_ln): drop them from --schemes / --ablations"),
+        (["--schemes", "pre_ln", "--rank", "warm6", "--ablations", "zeros"], "chose no rate for resi_dual+zeros"),
         (["--schemes", "pre_ln"], "--lr-from gives each row of a ranking the rate another ranking chose: add --rank"),
-        (["--schemes", "pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,2e-3"], "and drop --lr-grid"),
+        (["--schemes", "pre_ln", "--rank", "warm6", "--lr-grid", "1e-3,2e-3"], "and drop --lr-grid and --lr"),
+        (["--schemes", "pre_ln", "--rank", "warm6", "--lr", "1e-3"], "and drop --lr-grid and --lr"),
+        (["--schemes", "pre_ln", "--rank", "warm12"], "chose its rates at warm6, not at --rank warm12: a rate chosen "
+                                                      "at one depth or warm-up does not carry to another"),
     ]:
         with pytest.raises(SystemExit):
             claims.parse_args([*argv, "--lr-from", str(source)])

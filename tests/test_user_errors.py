@@ -232,7 +232,8 @@ def test_user_input_errors_are_one_message_and_keep_their_builtin_base(monkeypat
 
     for cls, base in [(OptionError, ValueError), (SchemeMismatchError, ValueError), (NormMismatchError, ValueError),
                       (ForeignCheckpointError, ValueError), (TruncatedCheckpointError, RuntimeError),
-                      (DataDirectoryError, FileNotFoundError)]:
+                      (DataDirectoryError, FileNotFoundError), (user_errors.SettingError, ValueError),
+                      (user_errors.MissingFileError, FileNotFoundError)]:
         assert issubclass(cls, user_errors.UserInputError) and issubclass(cls, base), cls
     monkeypatch.delenv(user_errors.FULL_ERROR_VAR, raising=False)
     out = io.StringIO()
@@ -243,9 +244,15 @@ def test_user_input_errors_are_one_message_and_keep_their_builtin_base(monkeypat
     assert not user_errors.report(ValueError("a bug"), "fairseq-train", out) and out.getvalue() == ""
     monkeypatch.setenv(user_errors.FULL_ERROR_VAR, "1")
     assert not user_errors.report(OptionError("x"), "fairseq-train", out) and out.getvalue() == ""
-    assert user_errors.is_fairseq_tool("/venv/bin/fairseq-generate")
-    assert user_errors.is_fairseq_tool("/venv/lib/python3.11/site-packages/fairseq_cli/train.py")
-    assert not user_errors.is_fairseq_tool("/usr/bin/ipython") and not user_errors.is_fairseq_tool("train.py")
+    monkeypatch.setenv(user_errors.FULL_ERROR_VAR, "0")
+    assert user_errors.report(OptionError("x"), "fairseq-train", out)
+    assert user_errors.tool_name("/venv/bin/fairseq-generate") == "fairseq-generate"
+    assert user_errors.tool_name("/venv/lib/python3.11/site-packages/fairseq_cli/train.py") == "fairseq-train"
+    assert user_errors.tool_name("/venv/lib/python3.11/site-packages/fairseq_cli/eval_lm.py") == "fairseq-eval-lm"
+    # Hydra reports fairseq-hydra-train's errors (in full with HYDRA_FULL_ERROR=1); other programs keep Python's
+    for program in ("/venv/bin/fairseq-hydra-train", "/venv/lib/python3.11/site-packages/fairseq_cli/hydra_train.py",
+                    "/usr/bin/ipython", "train.py", ""):
+        assert user_errors.tool_name(program) is None, program
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from typing import List
 import torch
 
 from .base import STACKS, SchemeOptions
-from ..user_errors import SettingError
+from ..user_errors import MissingFileError, SettingError
 
 
 def _depth_of(ks: List[int]) -> str:
@@ -52,7 +52,7 @@ def read_profile(path: str, encoder_layers: int, decoder_layers: int):
         "fairseq-residual-admin-profile CHECKPOINT OUT)"
     )
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"--admin-profile {path}: no such file; {fix}")
+        raise MissingFileError(f"--admin-profile {path}: no such file; {fix}")
     ks, rs = [], []
     with open(path, "rb") as f:  # bytes: a binary file is named as such, with its line, not UnicodeDecodeError
         if f.read(4) == b"PK\x03\x04":  # a zip archive: what torch.save writes

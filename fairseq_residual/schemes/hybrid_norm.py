@@ -34,7 +34,6 @@ from fairseq.modules import LayerNorm
 from ..layers import ResidualDecoderLayer, ResidualEncoderLayer
 from ..residual import NORM_NONE, NORM_STREAM, SublayerResidual
 from .base import ResidualScheme
-from ..user_errors import SettingError
 
 
 class HeadNormLinear(nn.Linear):
@@ -71,7 +70,7 @@ def with_head_norms(attn, export: bool = False):
     for name in ("q_proj", "k_proj", "v_proj"):
         proj = getattr(attn, name)
         if type(proj) is not nn.Linear or getattr(proj, "weight_orig", None) is not None:
-            raise SettingError(f"--residual-scheme hybrid_norm needs fairseq's plain nn.Linear as {name}, got "
+            raise ValueError(f"--residual-scheme hybrid_norm needs fairseq's plain nn.Linear as {name}, got "
                              f"{type(proj).__name__}: drop the option that wraps the attention's projections")
         head_norm = HeadNormLinear(proj, attn.num_heads, export=export)
         head_norm._forward_pre_hooks.update(proj._forward_pre_hooks)  # quant-noise, as fairseq applied it

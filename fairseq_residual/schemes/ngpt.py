@@ -128,7 +128,7 @@ class NGPTStackResidual(StackResidual):
 
 def _linear_parts(linear: nn.Linear, what: str):
     if type(linear) is not nn.Linear or getattr(linear, "weight_orig", None) is not None:
-        raise SettingError(f"--residual-scheme ngpt needs fairseq's plain nn.Linear as {what}, got "
+        raise ValueError(f"--residual-scheme ngpt needs fairseq's plain nn.Linear as {what}, got "
                          f"{type(linear).__name__}: drop the option that wraps it")
     return linear.in_features, linear.out_features
 

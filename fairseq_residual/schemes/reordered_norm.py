@@ -44,7 +44,6 @@ from ..layers import ResidualDecoderLayer, ResidualEncoderLayer
 from ..residual import NORM_NONE
 from .base import Option, ResidualScheme
 from .peri_ln import PeriLNResidual
-from ..user_errors import SettingError
 
 #: eps of QK-norm's RMSNorm (OLMo 2's ``layer_norm_eps``)
 QK_NORM_EPS = 1e-6
@@ -101,7 +100,7 @@ def with_qk_norm(attn):
     for name in ("q_proj", "k_proj"):
         proj = getattr(attn, name)
         if not isinstance(proj, nn.Linear) or getattr(proj, "weight_orig", None) is not None:
-            raise SettingError(f"--reordered-norm-qk-norm needs fairseq's plain nn.Linear as {name}, got "
+            raise ValueError(f"--reordered-norm-qk-norm needs fairseq's plain nn.Linear as {name}, got "
                              f"{type(proj).__name__}: drop the option that wraps the attention's projections")
         setattr(attn, name, NormedProjection(proj))
     attn._set_skip_embed_dim_check()

@@ -53,7 +53,6 @@ from torch import Tensor, nn
 from ..layers import ResidualDecoderLayer, ResidualEncoderLayer
 from ..residual import SublayerResidual
 from .base import Option, ResidualScheme
-from ..user_errors import SettingError
 
 MIXES = ("fixed", "learned")
 
@@ -107,7 +106,7 @@ def with_value_mix(attn, mix: str):
     mixes them, and it runs fairseq's explicit path with separate key and value inputs."""
     proj = attn.v_proj
     if not isinstance(proj, nn.Linear) or getattr(proj, "weight_orig", None) is not None:
-        raise SettingError(f"--residual-scheme value_residual needs fairseq's plain nn.Linear as v_proj, got "
+        raise ValueError(f"--residual-scheme value_residual needs fairseq's plain nn.Linear as v_proj, got "
                          f"{type(proj).__name__}: drop the option that wraps the attention's projections")
     attn.v_proj = GatedValueProjection(proj, attn.num_heads) if mix == "learned" else MixedValueProjection(proj)
     attn.self_attention = False  # keys and values from their own inputs (fairseq's general path)

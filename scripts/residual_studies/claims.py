@@ -363,8 +363,9 @@ def build_parser():
 
 
 def chosen_rates(path):
-    """``{row: learning rate or None}`` a ranking chose (its ``ranking.json``: ``chosen_lr``, every row of the
-    study with a finished selection; a ranking written before that field existed: its ranked rows' ``lr``).
+    """``(condition, {row: learning rate or None})`` of a ranking (its ``ranking.json``): the condition it ranked
+    at and the rates it chose (``chosen_lr``: every row with a finished selection; a ranking written before that
+    field existed: its ranked rows' ``lr``).
 
     Raises:
         OSError, ValueError (not JSON or not a ranking), KeyError, TypeError: the file is not a ranking's.
@@ -372,10 +373,38 @@ def chosen_rates(path):
     saved = read_json(path)
     if saved is None:
         raise FileNotFoundError("no such file")
-    if not isinstance(saved, dict) or "rows" not in saved:
-        raise ValueError("it has no 'rows'")
+    if not isinstance(saved, dict) or "rows" not in saved or "condition" not in saved:
+        raise ValueError("it has no 'rows' or no 'condition'")
     chosen = saved.get("chosen_lr") or {r["row"]: r["lr"] for r in saved["rows"]}
-    return {row: None if lr is None else float(lr) for row, lr in chosen.items()}
+    return saved["condition"], {row: None if lr is None else float(lr) for row, lr in chosen.items()}
+
+
+def _rates_from(parser, args, given):
+    """``--lr-from``: ``{row: rate}`` of the source ranking, checked against this study's options; with
+    ``--schemes`` / ``--ablations`` left at their defaults, the rows are those the source chose a rate for."""
+    source = args.lr_from
+    if not args.rank or args.lr_grid or "--lr" in given:
+        parser.error("--lr-from gives each row of a ranking the rate another ranking chose: add --rank "
+                     "CONDITION and drop --lr-grid and --lr (which would set the rates otherwise)")
+    try:
+        condition, rates = chosen_rates(source)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        parser.error(f"--lr-from {source}: not a ranking's ranking.json ({type(e).__name__}: {e})")
+    if condition != args.rank:
+        parser.error(f"--lr-from {source} chose its rates at {condition}, not at --rank {args.rank}: a rate "
+                     f"chosen at one depth or warm-up does not carry to another; rank at {condition} or use a "
+                     f"ranking of {args.rank}")
+    rated = [row for row, lr in rates.items() if lr is not None]
+    # argparse leaves an option's default object in place when the option is not given (also abbreviated)
+    if args.schemes is parser.get_default("schemes"):
+        args.schemes = [s for s in ORDER if s in rated]
+    if args.ablations is parser.get_default("ablations"):
+        args.ablations = [a for a in ABLATIONS if row_key(a) in rated]
+    missing = [r for r in grid_rows(args) if rates.get(r) is None]
+    if missing:
+        parser.error(f"--lr-from {source} chose no rate for {', '.join(missing)} (it has one for "
+                     f"{', '.join(sorted(rated)) or 'no row'}): drop them from --schemes / --ablations")
+    return {r: rates[r] for r in grid_rows(args)}
 
 
 def parse_args(argv=None):
@@ -392,22 +421,7 @@ def parse_args(argv=None):
     if args.lr_grid and args.select_seed in args.tune_seeds:
         parser.error(f"--tune-seeds {','.join(map(str, args.tune_seeds))} holds --select-seed {args.select_seed}: "
                      "the seeds at the chosen rate must be fresh (the choice was made on that seed)")
-    args.lr_by_row = None
-    if args.lr_from:
-        if not args.rank or args.lr_grid:
-            parser.error("--lr-from gives each row of a ranking the rate another ranking chose: add --rank "
-                         "CONDITION and drop --lr-grid (which chooses the rates itself)")
-        try:
-            args.lr_by_row = chosen_rates(args.lr_from)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            parser.error(f"--lr-from {args.lr_from}: not a ranking's ranking.json ({type(e).__name__}: {e})")
-        if "--schemes" not in given:  # every row that ranking chose a rate for
-            args.schemes = [s for s in ORDER if args.lr_by_row.get(s) is not None]
-        missing = [s for s in args.schemes if args.lr_by_row.get(s) is None]
-        if missing:
-            parser.error(f"--lr-from {args.lr_from} chose no rate for {', '.join(missing)} (it has one for "
-                         f"{', '.join(sorted(r for r, lr in args.lr_by_row.items() if lr is not None)) or 'no row'}): "
-                         "drop them from --schemes")
+    args.lr_by_row = _rates_from(parser, args, given) if args.lr_from else None
     if args.idle_costs and not args.rank:
         parser.error("--idle-costs reads the equal-compute column of a ranking: add --rank CONDITION or drop it")
     args.idle = None
