@@ -88,8 +88,9 @@ def flat_master_copy_refusal(flat: bool, keys: Iterable[str], weight_decay: floa
     if not flat or not keys or (keys == {"weight_decay"} and not (weight_decay or 0) > 0):
         return None
     return (f"--fp16 keeps one flat fp32 copy of all weights, which has no room for that: add --fp16-no-flatten-grads "
-            f"(fairseq-hydra-train: common.fp16_no_flatten_grads=true), or use --memory-efficient-fp16, "
-            f"--bf16{', or --weight-decay 0' if keys == {'weight_decay'} else ''}")
+            f"(fairseq-hydra-train: common.fp16_no_flatten_grads=true), or use --memory-efficient-fp16"
+            f"{', --weight-decay 0' if keys == {'weight_decay'} else ''} or bf16 (through fairseq-hydra-train: "
+            f"common.bf16=true common.fp16_no_flatten_grads=true; fairseq-train's --bf16 turns on --tpu)")
 
 
 def scale_lr_on_set(optimizer) -> None:

@@ -114,8 +114,9 @@ def warn_without_cuda(cfg, cuda_available: Optional[bool] = None) -> List[str]:
             f"fp16 training without CUDA ({why}): fairseq's Trainer answers each gradient overflow of its loss scaler "
             "(its first overflows are normal: the scale starts at --fp16-init-scale and halves on each) with "
             "torch.tensor(0.0).cuda(), which fails without CUDA ('Torch not compiled with CUDA enabled'); on a "
-            "CPU train in fp32, or in bf16 (fairseq-hydra-train common.bf16=true "
-            "common.fp16_no_flatten_grads=true; --memory-efficient-bf16 also runs)"
+            "CPU train in fp32, or in bf16 through fairseq-hydra-train (common.bf16=true "
+            "common.fp16_no_flatten_grads=true, or common.memory_efficient_bf16=true; fairseq-train's --bf16 and "
+            "--memory-efficient-bf16 turn on --tpu)"
         )
     for message in messages:
         logger.warning(message)

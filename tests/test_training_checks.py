@@ -20,14 +20,17 @@ CASES = {
     "admin-bf16-master-copy": (
         "admin", ["--bf16", "--fp16-no-flatten-grads"], ["--memory-efficient-bf16"], ValueError,
         r"--bf16 \(common.bf16\) keeps an fp32 copy of the weights made before the first batch, which would "
-        r"overwrite the omegas .* --admin-profile profile.ratio.init, or use --memory-efficient-bf16"),
+        r"overwrite the omegas .* --admin-profile profile.ratio.init, or use memory-efficient bf16 "
+        r"\(fairseq-hydra-train: common.memory_efficient_bf16=true\)"),
     "admin-fp16-master-copy": (
         "admin", ["--fp16", "--fp16-no-flatten-grads"], ["--memory-efficient-fp16"], ValueError,
         r"--fp16 \(common.fp16\) keeps an fp32 copy .* or use --amp or --memory-efficient-fp16"),
     "hyper_connections-flat-fp16": (
         "hyper_connections", ["--fp16", "--weight-decay", "0.1"], ["--fp16", "--weight-decay", "0"], ValueError,
         r"--residual-scheme hyper_connections trains .*, but --fp16 keeps one flat fp32 copy of all weights, which has "
-        r"no room for that: add --fp16-no-flatten-grads \(fairseq-hydra-train: common.fp16_no_flatten_grads=true\)"),
+        r"no room for that: add --fp16-no-flatten-grads \(fairseq-hydra-train: common.fp16_no_flatten_grads=true\), "
+        r"or use --memory-efficient-fp16, --weight-decay 0 or bf16 \(through fairseq-hydra-train: common.bf16=true "
+        r"common.fp16_no_flatten_grads=true; fairseq-train's --bf16 turns on --tpu\)"),
     "ngpt-fully-sharded": (
         "ngpt", ["--ddp-backend", "fully_sharded"], ["--ddp-backend", "pytorch_ddp"], ValueError,
         r"--ddp-backend fully_sharded \(distributed_training.ddp_backend\) flattens the weights .* use --ddp-backend "
@@ -47,7 +50,8 @@ CASES = {
     "fp16-on-a-cpu": (
         "pre_ln", ["--memory-efficient-fp16"], ["--memory-efficient-bf16"], "warning",
         r"fp16 training without CUDA \((--cpu|no CUDA device)\): .*torch.tensor\(0.0\).cuda\(\), "
-        r".*--memory-efficient-bf16 also runs"),
+        r".*in bf16 through fairseq-hydra-train \(common.bf16=true common.fp16_no_flatten_grads=true, or "
+        r"common.memory_efficient_bf16=true; fairseq-train's --bf16 and --memory-efficient-bf16 turn on --tpu\)"),
 }
 
 

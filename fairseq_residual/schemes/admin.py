@@ -296,7 +296,8 @@ class Admin(ResidualScheme):
         for flag in ("fp16", "bf16"):
             if setting(cfg, "common", flag, False) and not setting(cfg, "common", f"memory_efficient_{flag}", False):
                 others = ("use --amp or --memory-efficient-fp16" if flag == "fp16" else
-                          "use --memory-efficient-bf16, which keeps the profile but, with no fp32 copy, applies no "
+                          "use memory-efficient bf16 (fairseq-hydra-train: common.memory_efficient_bf16=true), "
+                          "which keeps the profile but, with no fp32 copy, applies no "
                           "update smaller than 2^-9 of a bf16 weight: omegas of 1-2 stay at their profile unless "
                           "the learning rate is above about 4e-3")
                 raise SettingError(
