@@ -6,10 +6,16 @@ leave open, and turns the parsed options into the validated :class:`~fairseq_res
 that the encoder and decoder receive as ``cfg.residual_options``.
 """
 import argparse
+import sys
 
 from .norms import add_norm_args, fill_norm_defaults, norm_options
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, SCHEMES, SchemeOptions, get_scheme
 from .schemes.base import OptionError
+from .user_errors import tool_name
+
+#: fairseq's tools that load a trained model and train nothing: a scheme option in the model's settings came from
+#: the checkpoint
+LOADING_TOOLS = ("fairseq-generate", "fairseq-interactive", "fairseq-validate", "fairseq-eval-lm", "fairseq-score")
 
 # fp16's largest finite value; anything summed in fp16 (ResiDual's dual stream x_d) must stay below it.
 FP16_MAX = 65504.0
@@ -88,12 +94,15 @@ def residual_options(args) -> SchemeOptions:
     for scheme in SCHEMES:
         given = scheme.given_options(args) if scheme is not selected else []
         if given:
-            raise OptionError(
-                f"{', '.join(given)} {'is an option' if len(given) == 1 else 'are options'} of "
-                f"--residual-scheme {scheme.name}, but the scheme is {selected.name}: drop "
-                f"{' '.join(given)} or use --residual-scheme {scheme.name} (where they come from a checkpoint's "
-                f"saved settings, load it with its own scheme: drop residual_scheme from --model-overrides)"
-            )
+            what = (f"{', '.join(given)} {'is an option' if len(given) == 1 else 'are options'} of "
+                    f"--residual-scheme {scheme.name}, but the model's scheme is {selected.name}")
+            loading = (f"the checkpoint was trained with --residual-scheme {scheme.name} and saved "
+                       f"{'it' if len(given) == 1 else 'them'}: load it with its own scheme (drop residual_scheme "
+                       f"from --model-overrides)")
+            if tool_name(sys.argv[0] if sys.argv else "") in LOADING_TOOLS:
+                raise OptionError(f"{what}: {loading}")
+            raise OptionError(f"{what}: drop {' '.join(given)} or use --residual-scheme {scheme.name} (loading a "
+                              f"checkpoint: {loading})")
     selected.check_args(args)
     norm = norm_options(args)
     refusal = selected.norm_refusal(norm.kind, args)

@@ -286,12 +286,16 @@ class ResidualTransformerModel(TransformerModel):
 
         Raises:
             ValueError: the checkpoint's layers match neither the trained model nor the kept layers
-                (:func:`~fairseq_residual.pruning.prune_to_kept_layers`), or its scheme is another one
-                (:class:`~fairseq_residual.encoder_decoder.SchemeMismatchError`).
+                (:func:`~fairseq_residual.pruning.prune_to_kept_layers`), its scheme is another one
+                (:class:`~fairseq_residual.encoder_decoder.SchemeMismatchError`), or a tensor's shape differs
+                from this model's (:class:`~fairseq_residual.user_errors.SettingError`, naming the tensors:
+                a model built with other shape-changing settings than the checkpoint's, where PyTorch would list
+                every mismatch after a traceback).
         """
         saved_tensors = list(state_dict.values())  # the saved model's order, before renames
         self.upgrade_state_dict(state_dict)
         state_dict = prune_to_kept_layers(state_dict, self.encoder.residual_options)
+        _check_shapes(state_dict, self.state_dict())
         result = torch.nn.Module.load_state_dict(self, state_dict, strict)
         record_saved_order(self, saved_tensors, state_dict)  # the optimizer state follows names, not positions
         self.training_hook_pending = self.encoder.scheme.needs_training_hook
@@ -301,6 +305,26 @@ class ResidualTransformerModel(TransformerModel):
     def residual_scheme(self):
         """The model's residual scheme's registry name (``post_ln``, ``pre_ln``, ``resi_dual``, ...)."""
         return self.encoder.residual_scheme
+
+
+def _check_shapes(saved: dict, own: dict) -> None:
+    """Refuse a state dict whose tensors do not have this model's shapes, naming the first three.
+
+    Raises:
+        SettingError: a model built with other shape-changing settings (a scheme's option such as the number of
+            residual streams, a width, a vocabulary) than the checkpoint was trained with: fairseq-generate's
+            ``--model-overrides`` of such a key, or a checkpoint of another model.
+    """
+    named = [f"{k} is {tuple(v.shape)} in the checkpoint, {tuple(own[k].shape)} in this model"
+             for k, v in saved.items() if k in own and torch.is_tensor(v) and tuple(v.shape) != tuple(own[k].shape)]
+    if named:
+        raise SettingError(
+            f"the checkpoint does not fit this model: {'; '.join(named[:3])}{' ...' if len(named) > 3 else ''} "
+            f"({len(named)} tensor{'s' if len(named) > 1 else ''}). The model was built with other settings than "
+            f"the checkpoint was trained with: fairseq-generate, -interactive and -validate read them from the "
+            f"checkpoint, so drop the keys that change shapes (a scheme's option such as hc_streams, a width) from "
+            f"--model-overrides; fairseq-train: resume with the settings the checkpoint was trained with, or "
+            f"train this model in a new --save-dir")
 
 
 # ---------------------------------------------------------------------------------------------

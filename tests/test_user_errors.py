@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import REPO, USER_DIR, VENV_BIN, build_model, cli_env, make_dictionary
 from fairseq_residual.model import MODEL_NAME, PRESETS
@@ -273,3 +274,43 @@ def test_fairseq_train_ends_on_a_wrong_input_with_one_message(tmp_path):
     assert proc.stderr.rstrip().endswith(f"DataDirectoryError: data directory {tmp_path / 'nope'} does not exist: pass "
                                          "the --destdir of fairseq-preprocess (task.data=<path> under "
                                          "fairseq-hydra-train)"), proc.stderr[-3000:]
+
+
+def test_a_checkpoint_of_other_shapes_is_refused_naming_the_tensors():
+    """A model built with another number of residual streams than its checkpoint (fairseq-generate's
+    --model-overrides "{'hc_streams': 3}" on a 2-stream checkpoint): one error naming the first tensors and the
+    fix, instead of PyTorch's list of every mismatch; the same shapes load."""
+    from fairseq_residual.user_errors import SettingError
+
+    small = ["--residual-scheme", "hyper_connections", *SMALL]
+    two, _, _ = build_model(MODEL_NAME, *small, "--hc-streams", 2, dictionary=DICTIONARY)
+    three, _, _ = build_model(MODEL_NAME, *small, "--hc-streams", 3, dictionary=DICTIONARY)
+    with pytest.raises(SettingError, match=r"^the checkpoint does not fit this model: encoder\.layers\.0\.\S+ is "
+                                           r"\(2, 3\) in the checkpoint, \(3, 4\) in this model; .* \(\d+ tensors\)\. "
+                                           r".*drop the keys that change shapes .* from --model-overrides"):
+        three.load_state_dict(two.state_dict())
+    twin, _, _ = build_model(MODEL_NAME, *small, "--hc-streams", 2, dictionary=DICTIONARY)
+    twin.load_state_dict(two.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(), two.state_dict().values()))
+
+
+def test_a_scheme_option_saved_in_a_checkpoint_names_the_override_when_loading(monkeypatch):
+    """fairseq-generate on a hyper-connections checkpoint with --model-overrides "{'residual_scheme': 'mhc'}": the
+    checkpoint's saved --hc-streams meets the overridden scheme; the error gives the loading fix alone (there is no
+    --hc-streams to drop and no --residual-scheme flag in fairseq-generate), fairseq-train both."""
+    from fairseq_residual.schemes.base import OptionError
+
+    flags = ["--residual-scheme", "mhc", "--hc-streams", 2]
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-generate"])
+    with pytest.raises(OptionError) as loading:
+        build_model(MODEL_NAME + "_tiny", *flags, dictionary=DICTIONARY)
+    assert str(loading.value) == (
+        "--hc-streams is an option of --residual-scheme hyper_connections, but the model's scheme is mhc: the "
+        "checkpoint was trained with --residual-scheme hyper_connections and saved it: load it with its own scheme "
+        "(drop residual_scheme from --model-overrides)")
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train"])
+    with pytest.raises(OptionError) as training:
+        build_model(MODEL_NAME + "_tiny", *flags, dictionary=DICTIONARY)
+    assert str(training.value).startswith("--hc-streams is an option of --residual-scheme hyper_connections, but the "
+                                          "model's scheme is mhc: drop --hc-streams or use --residual-scheme "
+                                          "hyper_connections (loading a checkpoint: the checkpoint was trained")
