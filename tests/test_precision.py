@@ -348,7 +348,8 @@ def test_fairseqs_fp32_master_copy_keeps_the_schemes_state_or_is_refused(scheme,
     try:
         with_copy = _after_one_update(scheme, master)
     except ValueError as e:
-        flag = "--memory-efficient-" + precision
+        # fp16: fairseq-train's flag; bf16: Hydra's key (fairseq-train's --memory-efficient-bf16 turns on --tpu)
+        flag = {"fp16": "--memory-efficient-fp16", "bf16": "common.memory_efficient_bf16=true"}[precision]
         assert flag in str(e), f"{scheme} refuses {master} without naming {flag}: {e}"
         return
     without = _after_one_update(scheme, plain)
@@ -380,7 +381,7 @@ def test_admins_bf16_refusal_says_what_memory_efficient_bf16_does_to_the_omegas(
     their spacing, 2^-9 of their size (0.003 at omega 1.5), and Adam moves a weight by about lr = 1e-3."""
     with pytest.raises(ValueError) as refusal:
         trainer("admin", "--bf16", "--fp16-no-flatten-grads")
-    assert "--admin-profile" in str(refusal.value) and "--memory-efficient-bf16" in str(refusal.value)
+    assert "--admin-profile" in str(refusal.value) and "common.memory_efficient_bf16=true" in str(refusal.value)
     assert "2^-9" in str(refusal.value)
 
     tr, d = trainer("admin", "--memory-efficient-bf16")
