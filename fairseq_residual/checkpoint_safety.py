@@ -26,7 +26,8 @@ for every entry point (fairseq-train, fairseq-hydra-train, scripts, several rank
    (:func:`remove_stale_temporaries`: ``checkpoint*.pt.<pid>.copying``, fairseq's ``checkpoint*.pt.tmp``).
 3. :func:`load_checkpoint_to_cpu`: a checkpoint that cannot be read because it was cut short raises
    :class:`TruncatedCheckpointError` naming the file, its size and the complete checkpoints beside it,
-   instead of ``EOFError``.
+   instead of ``EOFError``; :func:`load_model_ensemble_and_task` (fairseq-generate's, -interactive's and
+   -validate's ``--path``) names a missing checkpoint with the checkpoints beside it.
 
 Only the names inside ``fairseq.checkpoint_utils`` are replaced; nothing else of fairseq changes.
 """
@@ -54,6 +55,9 @@ _stock_load_checkpoint = getattr(
 )
 _stock_load_checkpoint_to_cpu = getattr(
     checkpoint_utils.load_checkpoint_to_cpu, "__wrapped_stock__", checkpoint_utils.load_checkpoint_to_cpu
+)
+_stock_load_model_ensemble_and_task = getattr(
+    checkpoint_utils.load_model_ensemble_and_task, "__wrapped_stock__", checkpoint_utils.load_model_ensemble_and_task
 )
 
 
@@ -442,13 +446,47 @@ def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         raise TruncatedCheckpointError(_truncated_message(path, "load another one")) from exc
 
 
+def _missing_message(path: str) -> str:
+    """What to say of a ``--path`` that does not exist: the folder's complete checkpoints, or that the folder is
+    missing or holds none."""
+    folder = os.path.dirname(path) or "."
+    where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
+    if not os.path.isdir(folder):
+        held = f"its folder {folder} does not exist either"
+    else:
+        found = [os.path.basename(p) for p in checkpoints_in(folder)]
+        held = (f"{folder} holds {', '.join(found[:6])}{', ...' if len(found) > 6 else ''} (newest first)" if found
+                else f"{folder} holds no complete checkpoint")
+    return (f"checkpoint {path}{where} does not exist: {held}; pass --path a checkpoint fairseq-train wrote (its "
+            f"--save-dir's checkpoint_best.pt or checkpoint_last.pt; several, separated by ':', form an ensemble)")
+
+
+def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, strict=True, suffix="", num_shards=1,
+                                 state=None):
+    """fairseq's ``checkpoint_utils.load_model_ensemble_and_task``, through which fairseq-generate, -interactive
+    and -validate load ``--path``, naming a missing local checkpoint with the checkpoints beside it (stock fairseq:
+    ``OSError: Model file not found`` after a traceback). Sharded and remote checkpoints are left to fairseq.
+
+    Raises:
+        MissingFileError: a file of ``filenames`` does not exist.
+    """
+    if state is None and num_shards == 1 and not suffix:
+        for path in filenames:
+            if not PathManager.path_requires_pathmanager(path) and not os.path.exists(path):
+                raise MissingFileError(_missing_message(path))
+    return _stock_load_model_ensemble_and_task(filenames, arg_overrides, task, strict, suffix, num_shards, state)
+
+
 def install():
-    """Replace fairseq's checkpoint copy and loaders in ``fairseq.checkpoint_utils`` (idempotent)."""
+    """Replace fairseq's checkpoint copy and loaders in ``fairseq.checkpoint_utils`` (idempotent; fairseq's
+    ``load_model_ensemble`` and the CLIs look them up there when they call them)."""
     checkpoint_utils.PathManager = _AtomicCopyPathManager
     load_checkpoint.__wrapped_stock__ = _stock_load_checkpoint
     load_checkpoint_to_cpu.__wrapped_stock__ = _stock_load_checkpoint_to_cpu
     checkpoint_utils.load_checkpoint = load_checkpoint
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    load_model_ensemble_and_task.__wrapped_stock__ = _stock_load_model_ensemble_and_task
+    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
 
 
 install()

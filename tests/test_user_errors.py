@@ -314,3 +314,28 @@ def test_a_scheme_option_saved_in_a_checkpoint_names_the_override_when_loading(m
     assert str(training.value).startswith("--hc-streams is an option of --residual-scheme hyper_connections, but the "
                                           "model's scheme is mhc: drop --hc-streams or use --residual-scheme "
                                           "hyper_connections (loading a checkpoint: the checkpoint was trained")
+
+
+def test_a_missing_checkpoint_path_is_named_with_the_checkpoints_beside_it(tmp_path, monkeypatch):
+    """fairseq-generate / -interactive / -validate load --path through fairseq's load_model_ensemble: a path that
+    does not exist names what its folder holds (complete checkpoints, newest first) or that the folder is missing."""
+    import os
+
+    from fairseq import checkpoint_utils
+
+    from fairseq_residual.user_errors import MissingFileError
+
+    save = tmp_path / "checkpoints"
+    save.mkdir()
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
+        torch.save({}, save / name)
+    os.utime(save / "checkpoint_best.pt", (1, 1))  # older
+    (save / "checkpoint3.pt").write_bytes(b"PK\x03\x04 cut short")  # not complete: not offered
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MissingFileError, match=rf"^checkpoint checkpoints/checkpoint_nope.pt \(relative to {tmp_path}\) "
+                                               r"does not exist: checkpoints holds checkpoint_last.pt, "
+                                               r"checkpoint_best.pt \(newest first\); pass --path a checkpoint "):
+        checkpoint_utils.load_model_ensemble(["checkpoints/checkpoint_nope.pt"])
+    with pytest.raises(MissingFileError, match=rf"^checkpoint {tmp_path}/gone/c.pt does not exist: its folder "
+                                               rf"{tmp_path}/gone does not exist either; pass --path"):
+        checkpoint_utils.load_model_ensemble([str(tmp_path / "gone" / "c.pt")])
