@@ -6,16 +6,14 @@ leave open, and turns the parsed options into the validated :class:`~fairseq_res
 that the encoder and decoder receive as ``cfg.residual_options``.
 """
 import argparse
-import sys
 
 from .norms import add_norm_args, fill_norm_defaults, norm_options
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, SCHEMES, SchemeOptions, get_scheme
 from .schemes.base import OptionError
-from .user_errors import tool_name
+from .user_errors import LOADING_TOOLS, running_tool
 
 #: fairseq's tools that load a trained model and train nothing: a scheme option in the model's settings came from
 #: the checkpoint
-LOADING_TOOLS = ("fairseq-generate", "fairseq-interactive", "fairseq-validate", "fairseq-eval-lm", "fairseq-score")
 
 # fp16's largest finite value; anything summed in fp16 (ResiDual's dual stream x_d) must stay below it.
 FP16_MAX = 65504.0
@@ -99,7 +97,7 @@ def residual_options(args) -> SchemeOptions:
             loading = (f"the checkpoint was trained with --residual-scheme {scheme.name} and saved "
                        f"{'it' if len(given) == 1 else 'them'}: load it with its own scheme (drop residual_scheme "
                        f"from --model-overrides)")
-            if tool_name(sys.argv[0] if sys.argv else "") in LOADING_TOOLS:
+            if running_tool() in LOADING_TOOLS:
                 raise OptionError(f"{what}: {loading}")
             raise OptionError(f"{what}: drop {' '.join(given)} or use --residual-scheme {scheme.name} (loading a "
                               f"checkpoint: {loading})")

@@ -33,7 +33,7 @@ from fairseq.modules import LayerNorm
 from .norms import DEFAULT_NORM, NORM_BY_ID, NORM_IDS, NormMismatchError
 from .residual import Site
 from .schemes import get_scheme, scheme_by_id, stock_scheme
-from .user_errors import UserInputError
+from .user_errors import UserInputError, advice_for_this_tool
 
 
 #: the name fairseq gives the dropout modules of each part of its transformer (``module_name`` of
@@ -83,23 +83,25 @@ class _ResidualStackMixin:
             saved = stock_scheme(prefix + "layer_norm.weight" in state_dict)
             state_dict[key] = torch.tensor(get_scheme(saved).scheme_id, dtype=torch.long)
         if saved != self.residual_scheme:
+            fix = advice_for_this_tool(
+                "the scheme is read from the checkpoint: drop residual_scheme from --model-overrides",
+                f"resume with --residual-scheme {saved} (model.residual_scheme={saved}), or train the "
+                f"'{self.residual_scheme}' model from scratch in a new --save-dir (checkpoint.save_dir) or from a "
+                f"--restore-file of a '{self.residual_scheme}' model")
             raise SchemeMismatchError(
                 f"the checkpoint's {self.stack} was trained with residual scheme '{saved}' but this "
-                f"model's {self.stack} uses residual scheme '{self.residual_scheme}': fairseq-generate, "
-                f"-interactive and -validate read the scheme from the checkpoint, so drop residual_scheme from "
-                f"--model-overrides; fairseq-train: resume with --residual-scheme {saved} "
-                f"(model.residual_scheme={saved}), or train the '{self.residual_scheme}' model from scratch in a "
-                f"new --save-dir (checkpoint.save_dir)"
+                f"model's {self.stack} uses residual scheme '{self.residual_scheme}': {fix}"
             )
         norm_key = prefix + "residual_norm_id"
         saved_norm = NORM_BY_ID.get(int(state_dict[norm_key]), "unknown") if norm_key in state_dict else DEFAULT_NORM
         if saved_norm != self.residual_norm:
+            fix = advice_for_this_tool(
+                "the norm is read from the checkpoint: drop norm from --model-overrides",
+                f"resume with --norm {saved_norm} (model.norm={saved_norm}), or train the --norm "
+                f"{self.residual_norm} model from scratch in a new --save-dir or from a --restore-file of such a model")
             raise NormMismatchError(
                 f"the checkpoint's {self.stack} was trained with --norm {saved_norm} but this model's {self.stack} "
-                f"uses --norm {self.residual_norm}: fairseq-generate, -interactive and -validate read it from the "
-                f"checkpoint, so drop norm from --model-overrides; fairseq-train: resume with --norm {saved_norm} "
-                f"(model.norm={saved_norm}), or train the --norm {self.residual_norm} model from scratch in a new "
-                f"--save-dir"
+                f"uses --norm {self.residual_norm}: {fix}"
             )
         self.scheme.upgrade_state_dict(state_dict, prefix, self.stack, self.residual_options)
         return super().upgrade_state_dict_named(state_dict, name)

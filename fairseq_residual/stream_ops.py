@@ -18,6 +18,8 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
+from .user_errors import UnavailableHereError
+
 
 def _layer_norm_projection_forward(h: Tensor, weight: Tensor, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
     """``(z, mean, rstd)``: z = LN(h) W (M x k) and LN's statistics (M x 1), for h M x C, W C x k.
@@ -168,16 +170,16 @@ def compiled(fn, flag: str):
     a dynamic-shape one once a second batch shape is seen).
 
     Raises:
-        RuntimeError: where ``torch.compile`` cannot run (:func:`compile_unavailable`), naming ``flag`` (the
-            option that asked for it), why, and the fix. Raised at the first compiled call (the first training
+        UnavailableHereError (a RuntimeError): where ``torch.compile`` cannot run (:func:`compile_unavailable`),
+            naming ``flag`` (the option that asked for it), why, and the fix. Raised at the first compiled call (the first training
             step), not when the model is built, so that a model trained with ``flag`` loads and decodes anywhere.
     """
     c = _COMPILED.get(fn)
     if c is None:
         reason = compile_unavailable()
         if reason:
-            raise RuntimeError(f"{flag} cannot be honoured here: {reason}; train without {flag} (the eager code "
-                               f"computes the same function)")
+            raise UnavailableHereError(f"{flag} cannot be honoured here: {reason}; train without {flag} (the eager "
+                                       f"code computes the same function)")
         c = _COMPILED[fn] = torch.compile(fn)
     return c
 

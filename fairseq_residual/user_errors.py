@@ -1,21 +1,31 @@
 """A wrong input reported as one message, not a traceback: the plugin's errors that name what the user gave and
 its fix (a residual option out of range, a checkpoint of another scheme or ``--norm``, a save dir of another
-model, a cut-short checkpoint, a missing data directory) end fairseq's command-line tools (``fairseq-train``,
-``-generate``, ``-interactive``, ``-validate``) as ``fairseq-train: error: <message>`` on stderr and exit status 1,
-where Python would print the message at the foot of a 30-50 line traceback through fairseq's code.
+model, a cut-short checkpoint, a missing data directory, a ``--hc-compile`` this machine cannot honour) end
+fairseq's command-line tools (``fairseq-train``, ``-generate``, ``-interactive``, ``-validate``) as
+``fairseq-train: error: <message>`` on stderr and exit status 1, where Python would print the message at the foot
+of a 30-50 line traceback through fairseq's code.
+
+Two ways fairseq hands such an error on are read through: fairseq-train's ``--restore-file`` wraps a checkpoint's
+errors in a bare ``Exception`` ("Cannot load model parameters from checkpoint ..."), reported as the plugin's
+message with fairseq's after it; ``--distributed-world-size`` > 1 on one machine runs the workers under
+``torch.multiprocessing.spawn``, which re-raises a worker's exception in the parent as ``ProcessRaisedException``
+carrying only the worker's traceback as text, whose last exception line names the plugin's error class.
 
 Hydra's convention: ``FAIRSEQ_RESIDUAL_FULL_ERROR=1`` prints the whole traceback again (Hydra's own
 ``HYDRA_FULL_ERROR``). Every other exception, and every program that is not one of those tools (a notebook, a
 user's script importing the plugin), keeps Python's report unchanged. ``fairseq-hydra-train`` is left to Hydra,
-which prints them briefly (and in full with ``HYDRA_FULL_ERROR=1``); ``--distributed-world-size`` > 1 on one
-machine re-raises a worker's exception in the parent as torch's ``ProcessRaisedException``, which keeps its
-traceback; fairseq-train's ``--restore-file`` wraps a checkpoint's errors in its own exception, also kept.
+which prints them briefly (and in full with ``HYDRA_FULL_ERROR=1``).
 """
+import importlib
 import os
+import re
 import sys
 
 #: the environment variable that restores Python's full traceback
 FULL_ERROR_VAR = "FAIRSEQ_RESIDUAL_FULL_ERROR"
+#: fairseq's tools that load a trained model (they read its settings from the checkpoint; ``--model-overrides``
+#: changes them)
+LOADING_TOOLS = ("fairseq-generate", "fairseq-interactive", "fairseq-validate", "fairseq-eval-lm", "fairseq-score")
 
 
 class UserInputError(Exception):
@@ -26,6 +36,11 @@ class UserInputError(Exception):
 
 class MissingFileError(UserInputError, FileNotFoundError):
     """A file an option names (a checkpoint, a profile) does not exist."""
+
+
+class UnavailableHereError(UserInputError, RuntimeError):
+    """An option this machine or installation cannot honour (``--hc-compile`` where ``torch.compile`` cannot run);
+    the message names the option, why, and the fix."""
 
 
 class SettingError(UserInputError, ValueError):
@@ -47,13 +62,93 @@ def tool_name(argv0: str):
     return name
 
 
+#: the exception line of a plugin error class in a worker's traceback text (``traceback.format_exc()``)
+_TRACE_LINE = re.compile(r"^(fairseq_residual(?:\.\w+)*)\.(\w+): ")
+#: where Python's traceback text goes on to a chained exception
+_CHAINED = ("\n\nDuring handling of the above exception", "\n\nThe above exception was the direct cause")
+
+
+def _user_error_class(module: str, name: str):
+    try:
+        cls = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, UserInputError) else None
+
+
+def _from_worker_trace(trace: str):
+    """The message of the plugin error a worker's traceback text (torch's ``ProcessRaisedException``) ends on, or
+    None: its last exception line must name a :class:`UserInputError` class, or be a bare ``Exception`` (fairseq's
+    wrapper) raised while handling one."""
+    sections = trace.rstrip("\n")
+    for marker in _CHAINED:
+        sections = sections.replace(marker, "\0")
+    sections = sections.split("\0")
+    found = None
+    for section in sections:  # each: a traceback (indented frames), then the exception's line(s)
+        lines = section.split("\n")
+        top = next((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")), None)
+        if top is None:
+            return None
+        start = next((i for i in range(top + 1, len(lines)) if lines[i] and not lines[i][0].isspace()), None)
+        if start is None:
+            return None
+        head, _, message = lines[start].partition(": ")
+        message = "\n".join([message, *lines[start + 1:]]).rstrip("\n")
+        match = _TRACE_LINE.match(head + ": ")
+        if match and _user_error_class(match.group(1), match.group(2)):
+            found = message
+        elif head == "Exception" and found is not None:
+            found = f"{found} (fairseq: {message})"
+        else:
+            found = None
+    return found
+
+
+def user_message(exc: BaseException):
+    """The one-line report for ``exc``, or None when Python's traceback should stand: the message of a
+    :class:`UserInputError`; of one that a bare ``Exception`` was raised from or while handling (fairseq's
+    trainer wraps a checkpoint's errors so), followed by the wrapper's message; of one that ended a worker of
+    ``torch.multiprocessing.spawn`` (its ``ProcessRaisedException`` carries the worker's traceback as text)."""
+    if isinstance(exc, UserInputError):
+        return str(exc)
+    if type(exc) is Exception:
+        inner = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+        if isinstance(inner, UserInputError):
+            return f"{inner} (fairseq: {exc})"
+        return None
+    if type(exc).__name__ == "ProcessRaisedException" and exc.args:
+        return _from_worker_trace(str(exc.args[0]))
+    return None
+
+
+def running_tool():
+    """:func:`tool_name` of this process (None outside fairseq's command-line tools)."""
+    return tool_name(sys.argv[0] if sys.argv else "")
+
+
+def advice_for_this_tool(loading: str, training: str) -> str:
+    """The fix a message gives: ``loading`` in fairseq's loading tools (:data:`LOADING_TOOLS`), ``training`` in
+    fairseq-train (and fairseq-hydra-train, whose name Hydra keeps from :func:`tool_name`), both, each named,
+    in any other program."""
+    tool = running_tool()
+    if tool in LOADING_TOOLS:
+        return loading
+    if tool == "fairseq-train" or os.path.basename(sys.argv[0] if sys.argv else "").startswith("fairseq-hydra-train"):
+        return training
+    return f"fairseq-generate, -interactive and -validate: {loading}; fairseq-train: {training}"
+
+
 def report(exc: BaseException, program: str, stream) -> bool:
-    """Write one line, ``<program>: error: <message>`` and the way back to the traceback, to ``stream`` if ``exc``
-    is a :class:`UserInputError` and ``FAIRSEQ_RESIDUAL_FULL_ERROR`` is not ``1``; returns whether it did. One
-    line, so that what reads a log's last line (the studies' failure reasons, a SLURM log's tail) reads all of it."""
-    if not isinstance(exc, UserInputError) or os.environ.get(FULL_ERROR_VAR) == "1":
+    """Write one line, ``<program>: error: <message>`` (:func:`user_message`) and the way back to the traceback,
+    to ``stream`` unless ``FAIRSEQ_RESIDUAL_FULL_ERROR`` is ``1``; returns whether it did. One line, so that what
+    reads a log's last line (the studies' failure reasons, a SLURM log's tail) reads all of it."""
+    if os.environ.get(FULL_ERROR_VAR) == "1":
         return False
-    stream.write(f"{program}: error: {exc} ({FULL_ERROR_VAR}=1 shows the traceback)\n")
+    message = user_message(exc)
+    if message is None:
+        return False
+    stream.write(f"{program}: error: {message} ({FULL_ERROR_VAR}=1 shows the traceback)\n")
     stream.flush()
     return True
 

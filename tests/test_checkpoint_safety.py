@@ -387,6 +387,29 @@ def test_a_save_dir_of_another_scheme_is_refused_with_its_reason(foreign_checkpo
     assert sorted(os.listdir(save)) == ["checkpoint_1_6.pt", "checkpoint_last.pt"]
 
 
+def test_an_explicit_restore_file_of_another_scheme_ends_on_one_line(foreign_checkpoints, tiny_data_bin, tmp_path):
+    """fairseq-train --restore-file <a checkpoint of another scheme> is fairseq's own load, which wraps the plugin's
+    refusal in its bare 'Cannot load model parameters' Exception: the tool still ends on one line, the plugin's
+    reason first and fairseq's after it, exit status 1; nothing is written to the save dir."""
+    import subprocess
+
+    _, data_bin = tiny_data_bin
+    save = tmp_path / "ckpt"
+    proc = subprocess.run(
+        [str(a) for a in ("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 5,
+                          *TRAIN, "--restore-file", foreign_checkpoints["scheme"])],
+        env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.rstrip("\n").split("\n")[-1]
+    assert "fairseq-generate" not in last, last  # fairseq-train's fix alone
+    assert re.fullmatch(r"fairseq-train: error: .*residual scheme 'pre_ln'.*'post_ln': resume with --residual-scheme "
+                        r"pre_ln .* or from a --restore-file of a 'post_ln' model \(fairseq: Cannot load "
+                        r"model parameters from checkpoint .*checkpoint_1_6\.pt; please ensure that the architectures "
+                        r"match\.\) \(FAIRSEQ_RESIDUAL_FULL_ERROR=1 shows the traceback\)", last), last
+    assert not list(save.glob("*.pt"))
+
+
 def test_a_checkpoint_of_an_eval_bleu_run_loads_with_the_safe_loader_and_other_globals_stay_refused(tmp_path):
     """``--eval-bleu`` (the shipped IWSLT14 and WMT14 configs) logs the corpus-BLEU counts as numpy arrays
     (``fairseq/tasks/translation.py``, ``reduce_metrics``) and fairseq saves the metrics in every checkpoint;

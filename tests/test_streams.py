@@ -457,6 +457,7 @@ def test_compile_option_is_refused_where_torch_compile_cannot_run(scheme, monkey
     """Where torch.compile cannot run, the first training step refuses the option, naming it and why; the model
     still builds, evaluates and decodes (a checkpoint trained with it loads anywhere)."""
     from fairseq_residual import stream_ops
+    from fairseq_residual.user_errors import UnavailableHereError
 
     monkeypatch.setattr(stream_ops, "_COMPILED", {})
     monkeypatch.setattr(stream_ops, "compile_unavailable", lambda: "no C++ compiler (test)")
@@ -465,7 +466,8 @@ def test_compile_option_is_refused_where_torch_compile_cannot_run(scheme, monkey
     src, lengths, prev, _ = random_batch(d, bsz=3)
     with torch.no_grad():
         model.eval()(src, lengths, prev)
-    with pytest.raises(RuntimeError, match=f"{COMPILE_FLAGS[scheme]} cannot be honoured here: no C\\+\\+ compiler"):
+    with pytest.raises(UnavailableHereError, match=f"{COMPILE_FLAGS[scheme]} cannot be honoured here: no C\\+\\+ "
+                                                   "compiler"):
         model.train()(src, lengths, prev)
 
 

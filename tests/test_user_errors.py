@@ -234,7 +234,8 @@ def test_user_input_errors_are_one_message_and_keep_their_builtin_base(monkeypat
     for cls, base in [(OptionError, ValueError), (SchemeMismatchError, ValueError), (NormMismatchError, ValueError),
                       (ForeignCheckpointError, ValueError), (TruncatedCheckpointError, RuntimeError),
                       (DataDirectoryError, FileNotFoundError), (user_errors.SettingError, ValueError),
-                      (user_errors.MissingFileError, FileNotFoundError)]:
+                      (user_errors.MissingFileError, FileNotFoundError),
+                      (user_errors.UnavailableHereError, RuntimeError)]:
         assert issubclass(cls, user_errors.UserInputError) and issubclass(cls, base), cls
     monkeypatch.delenv(user_errors.FULL_ERROR_VAR, raising=False)
     out = io.StringIO()
@@ -339,3 +340,120 @@ def test_a_missing_checkpoint_path_is_named_with_the_checkpoints_beside_it(tmp_p
     with pytest.raises(MissingFileError, match=rf"^checkpoint {tmp_path}/gone/c.pt does not exist: its folder "
                                                rf"{tmp_path}/gone does not exist either; pass --path"):
         checkpoint_utils.load_model_ensemble([str(tmp_path / "gone" / "c.pt")])
+
+
+def _raise_wrapped(inner):
+    """Raise ``inner`` wrapped as fairseq's trainer wraps a checkpoint's errors (trainer.py, load_checkpoint)."""
+    try:
+        raise inner
+    except Exception:
+        raise Exception("Cannot load model parameters from checkpoint c.pt; please ensure that the architectures "
+                        "match.")
+
+
+def _worker_trace(inner, wrapped):
+    """The text torch.multiprocessing.spawn's worker sends its parent (``traceback.format_exc()``)."""
+    import traceback
+
+    try:
+        _raise_wrapped(inner) if wrapped else _raise(inner)
+    except Exception:
+        return traceback.format_exc()
+
+
+def _raise(exc):
+    raise exc
+
+
+def test_errors_fairseq_hands_on_are_read_through(monkeypatch):
+    """fairseq-train --restore-file wraps the plugin's error in a bare Exception; a spawned worker's error reaches
+    the parent as torch's ProcessRaisedException holding the worker's traceback text: both are reported as the
+    plugin's message (with fairseq's wrapper message after it); a bare Exception around any other error, another
+    exception type around the plugin's, and a worker's other error keep Python's traceback."""
+    import io
+
+    from torch.multiprocessing.spawn import ProcessRaisedException
+
+    from fairseq_residual import user_errors
+    from fairseq_residual.user_errors import SettingError, UnavailableHereError
+
+    monkeypatch.delenv(user_errors.FULL_ERROR_VAR, raising=False)
+    wrapper = "Cannot load model parameters from checkpoint c.pt; please ensure that the architectures match."
+    wrong = SettingError("--hc-streams must be in [1, 16], got 0")
+    for wrapped in (False, True):
+        with pytest.raises(Exception) as raised:
+            _raise_wrapped(wrong) if wrapped else _raise(wrong)
+        worker = ProcessRaisedException(f"\n\n-- Process 1 terminated with the following error:\n"
+                                        f"{_worker_trace(wrong, wrapped)}", 1, 4242)
+        expected = str(wrong) + (f" (fairseq: {wrapper})" if wrapped else "")
+        for exc in (raised.value, worker):
+            out = io.StringIO()
+            assert user_errors.report(exc, "fairseq-train", out), (wrapped, exc)
+            assert out.getvalue() == f"fairseq-train: error: {expected} (FAIRSEQ_RESIDUAL_FULL_ERROR=1 shows the " \
+                                     "traceback)\n", (wrapped, exc)
+    multi_line = UnavailableHereError("first line\nsecond: line")
+    worker = ProcessRaisedException("\n\n-- Process 0 terminated with the following error:\n"
+                                     + _worker_trace(multi_line, False), 0, 4242)
+    assert user_errors.user_message(worker) == "first line\nsecond: line"
+    # negative controls: Python's traceback stands
+    with pytest.raises(Exception) as raised:
+        _raise_wrapped(ValueError("a bug"))
+    assert user_errors.user_message(raised.value) is None
+    try:
+        try:
+            raise wrong
+        except SettingError:
+            raise RuntimeError("a bug in an except block")
+    except RuntimeError as exc:
+        assert user_errors.user_message(exc) is None
+    for inner, wrapped in ((ValueError("a bug"), False), (ValueError("a bug"), True), (wrong, False)):
+        trace = _worker_trace(inner, wrapped)
+        if inner is wrong:  # the plugin's error, then a bug while handling it
+            trace = trace.rstrip("\n") + ("\n\nDuring handling of the above exception, another exception occurred:\n\n"
+                                          "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+                                          "KeyError: 'a bug'\n")
+        worker = ProcessRaisedException("\n\n-- Process 0 terminated with the following error:\n" + trace, 0, 1)
+        assert user_errors.user_message(worker) is None, trace
+    monkeypatch.setenv(user_errors.FULL_ERROR_VAR, "1")
+    assert not user_errors.report(raised.value, "fairseq-train", io.StringIO())
+
+
+@pytest.mark.parametrize("argv0, expected", [
+    ("/venv/bin/fairseq-generate", "L"), ("/venv/bin/fairseq-validate", "L"), ("/venv/bin/fairseq-train", "T"),
+    ("/venv/bin/fairseq-hydra-train", "T"), ("/usr/bin/ipython", "fairseq-generate, -interactive and -validate: L; "
+                                                                 "fairseq-train: T")])
+def test_a_fix_is_given_for_the_running_tool(argv0, expected, monkeypatch):
+    """A checkpoint-mismatch message gives the loading tools' fix (--model-overrides) in fairseq-generate and
+    its siblings, the training fix in fairseq-train and fairseq-hydra-train, and both, named, elsewhere."""
+    from fairseq_residual import user_errors
+
+    monkeypatch.setattr(sys, "argv", [argv0])
+    assert user_errors.advice_for_this_tool("L", "T") == expected
+
+
+def _worker_with_a_wrong_setting(index):
+    from fairseq_residual.user_errors import SettingError
+
+    _raise_wrapped(SettingError(f"worker {index}: --hc-streams must be in [1, 16], got 0"))
+
+
+@pytest.mark.slow  # a spawned process
+def test_a_spawned_workers_error_is_one_message(monkeypatch):
+    """A real torch.multiprocessing.spawn (fairseq-train's launcher for --distributed-world-size > 1 on one
+    machine, which needs as many GPUs): the worker's wrapped error reaches the parent as a ProcessRaisedException
+    that is reported as the plugin's message."""
+    import io
+
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessRaisedException
+
+    from fairseq_residual import user_errors
+
+    monkeypatch.delenv(user_errors.FULL_ERROR_VAR, raising=False)
+    with pytest.raises(ProcessRaisedException) as raised:
+        mp.spawn(_worker_with_a_wrong_setting, nprocs=1, join=True)
+    out = io.StringIO()
+    assert user_errors.report(raised.value, "fairseq-train", out), str(raised.value)
+    assert out.getvalue() == ("fairseq-train: error: worker 0: --hc-streams must be in [1, 16], got 0 (fairseq: "
+                              "Cannot load model parameters from checkpoint c.pt; please ensure that the "
+                              "architectures match.) (FAIRSEQ_RESIDUAL_FULL_ERROR=1 shows the traceback)\n")
