@@ -12,9 +12,6 @@ from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, SCHEMES, SchemeOptions, get_s
 from .schemes.base import OptionError
 from .user_errors import LOADING_TOOLS, running_tool
 
-#: fairseq's tools that load a trained model and train nothing: a scheme option in the model's settings came from
-#: the checkpoint
-
 # fp16's largest finite value; anything summed in fp16 (ResiDual's dual stream x_d) must stay below it.
 FP16_MAX = 65504.0
 

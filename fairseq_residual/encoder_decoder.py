@@ -87,7 +87,7 @@ class _ResidualStackMixin:
                 "the scheme is read from the checkpoint: drop residual_scheme from --model-overrides",
                 f"resume with --residual-scheme {saved} (model.residual_scheme={saved}), or train the "
                 f"'{self.residual_scheme}' model from scratch in a new --save-dir (checkpoint.save_dir) or from a "
-                f"--restore-file of a '{self.residual_scheme}' model")
+                f"--restore-file (checkpoint.restore_file) of a '{self.residual_scheme}' model")
             raise SchemeMismatchError(
                 f"the checkpoint's {self.stack} was trained with residual scheme '{saved}' but this "
                 f"model's {self.stack} uses residual scheme '{self.residual_scheme}': {fix}"
@@ -98,7 +98,8 @@ class _ResidualStackMixin:
             fix = advice_for_this_tool(
                 "the norm is read from the checkpoint: drop norm from --model-overrides",
                 f"resume with --norm {saved_norm} (model.norm={saved_norm}), or train the --norm "
-                f"{self.residual_norm} model from scratch in a new --save-dir or from a --restore-file of such a model")
+                f"{self.residual_norm} model from scratch in a new --save-dir (checkpoint.save_dir) or from a "
+                f"--restore-file (checkpoint.restore_file) of such a model")
             raise NormMismatchError(
                 f"the checkpoint's {self.stack} was trained with --norm {saved_norm} but this model's {self.stack} "
                 f"uses --norm {self.residual_norm}: {fix}"

@@ -84,7 +84,9 @@ def _from_worker_trace(trace: str):
     for marker in _CHAINED:
         sections = sections.replace(marker, "\0")
     sections = sections.split("\0")
-    found = None
+    if len(re.findall(r"(?m)^Traceback \(most recent call last\):$", trace)) != len(sections):
+        return None  # a header inside a message: the text's structure cannot be read safely
+    found, wrapped = None, False
     for section in sections:  # each: a traceback (indented frames), then the exception's line(s)
         lines = section.split("\n")
         top = next((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")), None)
@@ -94,31 +96,41 @@ def _from_worker_trace(trace: str):
         if start is None:
             return None
         head, _, message = lines[start].partition(": ")
-        message = "\n".join([message, *lines[start + 1:]]).rstrip("\n")
+        message = "\n".join([message, *lines[start + 1:]]).strip("\n")
         match = _TRACE_LINE.match(head + ": ")
         if match and _user_error_class(match.group(1), match.group(2)):
-            found = message
-        elif head == "Exception" and found is not None:
-            found = f"{found} (fairseq: {message})"
+            found, wrapped = message, False
+        elif head == "Exception" and found is not None and not wrapped:
+            found, wrapped = _wrapped(found, message), True
         else:
             found = None
     return found
 
 
+def _wrapped(message: str, wrapper: str) -> str:
+    return f"{message} (fairseq: {wrapper})" if wrapper else message
+
+
+def _one_line(message: str) -> str:
+    return " ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
 def user_message(exc: BaseException):
-    """The one-line report for ``exc``, or None when Python's traceback should stand: the message of a
-    :class:`UserInputError`; of one that a bare ``Exception`` was raised from or while handling (fairseq's
-    trainer wraps a checkpoint's errors so), followed by the wrapper's message; of one that ended a worker of
-    ``torch.multiprocessing.spawn`` (its ``ProcessRaisedException`` carries the worker's traceback as text)."""
+    """The one-line report for ``exc`` (a message's lines joined), or None when Python's traceback should stand:
+    the message of a :class:`UserInputError`; of one that a bare ``Exception`` was raised from or while handling
+    (fairseq's trainer wraps a checkpoint's errors so; not ``raise ... from None``), followed by the wrapper's
+    message; of one that ended a worker of ``torch.multiprocessing.spawn`` (its ``ProcessRaisedException``
+    carries the worker's traceback as text), alone or under one such wrapper."""
     if isinstance(exc, UserInputError):
-        return str(exc)
+        return _one_line(str(exc))
     if type(exc) is Exception:
-        inner = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+        inner = exc.__cause__ if exc.__cause__ is not None or exc.__suppress_context__ else exc.__context__
         if isinstance(inner, UserInputError):
-            return f"{inner} (fairseq: {exc})"
+            return _one_line(_wrapped(str(inner), str(exc)))
         return None
     if type(exc).__name__ == "ProcessRaisedException" and exc.args:
-        return _from_worker_trace(str(exc.args[0]))
+        message = _from_worker_trace(str(exc.args[0]))
+        return None if message is None else _one_line(message)
     return None
 
 
@@ -134,7 +146,9 @@ def advice_for_this_tool(loading: str, training: str) -> str:
     tool = running_tool()
     if tool in LOADING_TOOLS:
         return loading
-    if tool == "fairseq-train" or os.path.basename(sys.argv[0] if sys.argv else "").startswith("fairseq-hydra-train"):
+    argv0 = sys.argv[0] if sys.argv else ""
+    if tool == "fairseq-train" or os.path.basename(argv0).startswith("fairseq-hydra-train") or (
+            os.path.basename(os.path.dirname(argv0)) == "fairseq_cli" and os.path.basename(argv0) == "hydra_train.py"):
         return training
     return f"fairseq-generate, -interactive and -validate: {loading}; fairseq-train: {training}"
 

@@ -404,7 +404,8 @@ def test_an_explicit_restore_file_of_another_scheme_ends_on_one_line(foreign_che
     last = proc.stderr.rstrip("\n").split("\n")[-1]
     assert "fairseq-generate" not in last, last  # fairseq-train's fix alone
     assert re.fullmatch(r"fairseq-train: error: .*residual scheme 'pre_ln'.*'post_ln': resume with --residual-scheme "
-                        r"pre_ln .* or from a --restore-file of a 'post_ln' model \(fairseq: Cannot load "
+                        r"pre_ln .* or from a --restore-file \(checkpoint.restore_file\) of a 'post_ln' model "
+                        r"\(fairseq: Cannot load "
                         r"model parameters from checkpoint .*checkpoint_1_6\.pt; please ensure that the architectures "
                         r"match\.\) \(FAIRSEQ_RESIDUAL_FULL_ERROR=1 shows the traceback\)", last), last
     assert not list(save.glob("*.pt"))

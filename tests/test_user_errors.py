@@ -394,11 +394,30 @@ def test_errors_fairseq_hands_on_are_read_through(monkeypatch):
     multi_line = UnavailableHereError("first line\nsecond: line")
     worker = ProcessRaisedException("\n\n-- Process 0 terminated with the following error:\n"
                                      + _worker_trace(multi_line, False), 0, 4242)
-    assert user_errors.user_message(worker) == "first line\nsecond: line"
+    assert user_errors.user_message(worker) == user_errors.user_message(multi_line) == "first line second: line"
+    with pytest.raises(Exception) as raised:  # fairseq's wrapper without a message
+        try:
+            raise wrong
+        except SettingError:
+            raise Exception
+    assert user_errors.user_message(raised.value) == str(wrong)
     # negative controls: Python's traceback stands
+    with pytest.raises(Exception) as raised:
+        try:
+            raise wrong
+        except SettingError:
+            raise Exception("another failure") from None
+    assert user_errors.user_message(raised.value) is None
     with pytest.raises(Exception) as raised:
         _raise_wrapped(ValueError("a bug"))
     assert user_errors.user_message(raised.value) is None
+    twice = _worker_trace(wrong, True).rstrip("\n") + (
+        "\n\nDuring handling of the above exception, another exception occurred:\n\nTraceback (most recent call "
+        "last):\n  File \"x.py\", line 1, in <module>\nException: a second wrapper\n")
+    embedded = _worker_trace(RuntimeError("a bug; its log:\n" + _worker_trace(wrong, True)), False)
+    for trace in (twice, embedded):  # two wrappers; a plugin error's trace inside another error's message
+        worker = ProcessRaisedException("\n\n-- Process 0 terminated with the following error:\n" + trace, 0, 1)
+        assert user_errors.user_message(worker) is None, trace
     try:
         try:
             raise wrong
@@ -420,7 +439,8 @@ def test_errors_fairseq_hands_on_are_read_through(monkeypatch):
 
 @pytest.mark.parametrize("argv0, expected", [
     ("/venv/bin/fairseq-generate", "L"), ("/venv/bin/fairseq-validate", "L"), ("/venv/bin/fairseq-train", "T"),
-    ("/venv/bin/fairseq-hydra-train", "T"), ("/usr/bin/ipython", "fairseq-generate, -interactive and -validate: L; "
+    ("/venv/bin/fairseq-hydra-train", "T"), ("/venv/lib/python3.11/site-packages/fairseq_cli/hydra_train.py", "T"),
+    ("/usr/bin/ipython", "fairseq-generate, -interactive and -validate: L; "
                                                                  "fairseq-train: T")])
 def test_a_fix_is_given_for_the_running_tool(argv0, expected, monkeypatch):
     """A checkpoint-mismatch message gives the loading tools' fix (--model-overrides) in fairseq-generate and
