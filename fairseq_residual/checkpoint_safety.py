@@ -46,7 +46,7 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-from .user_errors import MissingFileError, UserInputError
+from .user_errors import MissingFileError, SettingError, UserInputError
 
 logger = logging.getLogger(__name__)
 
@@ -446,19 +446,34 @@ def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         raise TruncatedCheckpointError(_truncated_message(path, "load another one")) from exc
 
 
+def _held(folder: str) -> str:
+    found = [os.path.basename(p) for p in checkpoints_in(folder)]
+    return (f"{folder} holds {', '.join(found[:6])}{', ...' if len(found) > 6 else ''} (newest first)" if found
+            else f"{folder} holds no complete checkpoint")
+
+
+_PATH_FIX = ("pass --path a checkpoint fairseq-train wrote (its --save-dir's checkpoint_best.pt or checkpoint_last.pt; "
+             "several, separated by ':', form an ensemble)")
+
+
 def _missing_message(path: str) -> str:
     """What to say of a ``--path`` that does not exist: the folder's complete checkpoints, or that the folder is
     missing or holds none."""
     folder = os.path.dirname(path) or "."
     where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
-    if not os.path.isdir(folder):
-        held = f"its folder {folder} does not exist either"
-    else:
-        found = [os.path.basename(p) for p in checkpoints_in(folder)]
-        held = (f"{folder} holds {', '.join(found[:6])}{', ...' if len(found) > 6 else ''} (newest first)" if found
-                else f"{folder} holds no complete checkpoint")
-    return (f"checkpoint {path}{where} does not exist: {held}; pass --path a checkpoint fairseq-train wrote (its "
-            f"--save-dir's checkpoint_best.pt or checkpoint_last.pt; several, separated by ':', form an ensemble)")
+    held = _held(folder) if os.path.isdir(folder) else f"its folder {folder} does not exist either"
+    return f"checkpoint {path}{where} does not exist: {held}; {_PATH_FIX}"
+
+
+def _folder_message(path: str) -> str:
+    """What to say of a ``--path`` that is a folder (a ``--save-dir``): the complete checkpoints it holds, and one
+    of them as the path to pass (``checkpoint_best.pt`` if it is there, else the newest)."""
+    found = [os.path.basename(p) for p in checkpoints_in(path)]
+    if not found:
+        return f"--path {path} is a folder, not a checkpoint, and it holds no complete checkpoint; {_PATH_FIX}"
+    pick = "checkpoint_best.pt" if "checkpoint_best.pt" in found else found[0]
+    return (f"--path {path} is a folder, not a checkpoint: {_held(path)}; pass --path {os.path.join(path, pick)} "
+            f"or another of them (several, separated by ':', form an ensemble)")
 
 
 def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, strict=True, suffix="", num_shards=1,
@@ -469,10 +484,15 @@ def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, stric
 
     Raises:
         MissingFileError: a file of ``filenames`` does not exist.
+        SettingError: a file of ``filenames`` is a folder (a ``--save-dir``); the message lists its checkpoints.
     """
     if state is None and num_shards == 1 and not suffix:
         for path in filenames:
-            if not PathManager.path_requires_pathmanager(path) and not os.path.exists(path):
+            if PathManager.path_requires_pathmanager(path):
+                continue
+            if os.path.isdir(path):
+                raise SettingError(_folder_message(path))
+            if not os.path.exists(path):
                 raise MissingFileError(_missing_message(path))
     return _stock_load_model_ensemble_and_task(filenames, arg_overrides, task, strict, suffix, num_shards, state)
 

@@ -10,7 +10,7 @@ import argparse
 from .norms import add_norm_args, fill_norm_defaults, norm_options
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, SCHEMES, SchemeOptions, get_scheme
 from .schemes.base import OptionError
-from .user_errors import LOADING_TOOLS, running_tool
+from .user_errors import advice_for_this_tool
 
 # fp16's largest finite value; anything summed in fp16 (ResiDual's dual stream x_d) must stay below it.
 FP16_MAX = 65504.0
@@ -94,10 +94,8 @@ def residual_options(args) -> SchemeOptions:
             loading = (f"the checkpoint was trained with --residual-scheme {scheme.name} and saved "
                        f"{'it' if len(given) == 1 else 'them'}: load it with its own scheme (drop residual_scheme "
                        f"from --model-overrides)")
-            if running_tool() in LOADING_TOOLS:
-                raise OptionError(f"{what}: {loading}")
-            raise OptionError(f"{what}: drop {' '.join(given)} or use --residual-scheme {scheme.name} (loading a "
-                              f"checkpoint: {loading})")
+            training = f"drop {' '.join(given)} or use --residual-scheme {scheme.name}"
+            raise OptionError(f"{what}: {advice_for_this_tool(loading, training)}")
     selected.check_args(args)
     norm = norm_options(args)
     refusal = selected.norm_refusal(norm.kind, args)

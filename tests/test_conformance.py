@@ -244,8 +244,9 @@ def test_an_option_of_another_scheme_is_refused_the_same_way(scheme, option):
         flag = option.flag
     other = "pre_ln" if scheme != "pre_ln" else "post_ln"
     with pytest.raises(ValueError, match=rf"^{flag} is an option of --residual-scheme {scheme}, but the model's "
-                                         rf"scheme is {other}: drop {flag} or use --residual-scheme {scheme} \(loading "
-                                         rf"a checkpoint: .*drop residual_scheme from --model-overrides\)\)$"):
+                                         rf"scheme is {other}: fairseq-generate, -interactive and -validate: .*drop "
+                                         rf"residual_scheme from --model-overrides\); fairseq-train: drop {flag} or use "
+                                         rf"--residual-scheme {scheme}$"):
         build_model("residual_transformer_tiny", "--residual-scheme", other, flag, *([] if value is None else [value]))
 
 

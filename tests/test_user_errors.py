@@ -298,7 +298,8 @@ def test_a_checkpoint_of_other_shapes_is_refused_naming_the_tensors():
 def test_a_scheme_option_saved_in_a_checkpoint_names_the_override_when_loading(monkeypatch):
     """fairseq-generate on a hyper-connections checkpoint with --model-overrides "{'residual_scheme': 'mhc'}": the
     checkpoint's saved --hc-streams meets the overridden scheme; the error gives the loading fix alone (there is no
-    --hc-streams to drop and no --residual-scheme flag in fairseq-generate), fairseq-train both."""
+    --hc-streams to drop and no --residual-scheme flag in fairseq-generate), fairseq-train the training fix alone
+    (its options come from its command line, never from a checkpoint)."""
     from fairseq_residual.schemes.base import OptionError
 
     flags = ["--residual-scheme", "mhc", "--hc-streams", 2]
@@ -312,19 +313,19 @@ def test_a_scheme_option_saved_in_a_checkpoint_names_the_override_when_loading(m
     monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train"])
     with pytest.raises(OptionError) as training:
         build_model(MODEL_NAME + "_tiny", *flags, dictionary=DICTIONARY)
-    assert str(training.value).startswith("--hc-streams is an option of --residual-scheme hyper_connections, but the "
-                                          "model's scheme is mhc: drop --hc-streams or use --residual-scheme "
-                                          "hyper_connections (loading a checkpoint: the checkpoint was trained")
+    assert str(training.value) == ("--hc-streams is an option of --residual-scheme hyper_connections, but the model's "
+                                   "scheme is mhc: drop --hc-streams or use --residual-scheme hyper_connections")
 
 
 def test_a_missing_checkpoint_path_is_named_with_the_checkpoints_beside_it(tmp_path, monkeypatch):
     """fairseq-generate / -interactive / -validate load --path through fairseq's load_model_ensemble: a path that
-    does not exist names what its folder holds (complete checkpoints, newest first) or that the folder is missing."""
+    does not exist names what its folder holds (complete checkpoints, newest first) or that the folder is missing;
+    a folder given as --path names the checkpoints in it."""
     import os
 
     from fairseq import checkpoint_utils
 
-    from fairseq_residual.user_errors import MissingFileError
+    from fairseq_residual.user_errors import MissingFileError, SettingError
 
     save = tmp_path / "checkpoints"
     save.mkdir()
@@ -340,6 +341,15 @@ def test_a_missing_checkpoint_path_is_named_with_the_checkpoints_beside_it(tmp_p
     with pytest.raises(MissingFileError, match=rf"^checkpoint {tmp_path}/gone/c.pt does not exist: its folder "
                                                rf"{tmp_path}/gone does not exist either; pass --path"):
         checkpoint_utils.load_model_ensemble([str(tmp_path / "gone" / "c.pt")])
+    # the save dir itself (stock fairseq: IsADirectoryError after a traceback)
+    with pytest.raises(SettingError, match=r"^--path checkpoints is a folder, not a checkpoint: checkpoints holds "
+                                           r"checkpoint_last.pt, checkpoint_best.pt \(newest first\); pass --path "
+                                           r"checkpoints/checkpoint_best.pt or another of them"):
+        checkpoint_utils.load_model_ensemble(["checkpoints"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SettingError, match=r"^--path empty is a folder, not a checkpoint, and it holds no complete "
+                                           r"checkpoint; pass --path a checkpoint fairseq-train wrote"):
+        checkpoint_utils.load_model_ensemble(["empty"])
 
 
 def _raise_wrapped(inner):
