@@ -544,9 +544,10 @@ def cost_table(selection_cells, rows, final_updates, seeds, out=None):
                       "-" if projected is None else f"{projected:.2f}", _machines(dirs)])
     spent = cpu_hours(selection_cells)
     projected = sum(v * final_updates * seeds for v in per_update.values() if v) / 3600
-    text = markdown_table(["row", "selection cells finished", "training CPU-s per update",
+    text = markdown_table(["row", "selection cells finished", "training CPU-s per update (selection cells)",
                            f"final cells, projected CPU-h ({seeds} x {final_updates} updates)",
-                           "machines (cells)"], lines, align=["l", "r", "r", "r", "l"])
+                           "machines of the selection cells ('unrecorded': archived before cells recorded it)"],
+                          lines, align=["l", "r", "r", "r", "l"])
     return text, dict(spent_cpu_h=round(spent, 2), projected_final_cpu_h=round(projected, 2),
                       per_update=per_update)
 
@@ -676,7 +677,8 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
         "token, lowest first). vs next: the seed-paired difference in valid nll to the row below, with its 95% "
         "t-interval (resolved when it excludes zero). grad: layer-1 / top-layer gradient norm, cos: cosine of "
         "the last two layer outputs, encoder / decoder. CPU-s / update: training CPU-seconds per update over the "
-        f"row's cells ({cost_basis}). Equal compute: the valid nll after the training "
+        f"row's cells in this table, its seeds ({cost_basis}; the progress table's figure is its selection cells'). "
+        "Equal compute: the valid nll after the training "
         "CPU-seconds Pre-LN needed for the final budget, read on each seed's validation curve at that many of "
         "the row's updates (linear between validations, never extrapolated; a row cheaper than Pre-LN shows its "
         f"final-budget value, an upper bound){idle_legend}. Plateau: the first validation at or after "
