@@ -22,7 +22,8 @@ exits 0), ``precision`` (warns of mixed precision a run without CUDA does not ho
 ``analyze`` (the ``fairseq-residual-analyze`` command) registers nothing: not imported here. The study
 tooling is not part of the package: it runs from the checkout (``scripts/residual_studies``).
 ``registration_guard`` refuses a second copy of the plugin in one process; ``user_errors`` ends fairseq's tools on
-the plugin's errors about the user's input with one message instead of a traceback.
+the plugin's errors about the user's input with one message instead of a traceback; ``tool_output`` silences
+Hydra's deprecation warnings about fairseq's own code in those tools.
 """
 from .registration_guard import check_single_copy
 
@@ -30,7 +31,8 @@ check_single_copy(__name__, __file__)  # before any registration: one copy of th
 
 from . import (  # noqa: E402,F401
     checkpoint_compat, checkpoint_safety, cli_help, config, data_checks, encoder_decoder, layers, lr_scheduler, model,
-    optim_groups, optimizer_step, precision, process_group, schemes, tasks, training_checks, user_errors,
+    optim_groups, optimizer_step, precision, process_group, schemes, tasks, tool_output, training_checks, user_errors,
 )
 
 user_errors.install()  # fairseq's tools end on a wrong input with one message, not a traceback
+tool_output.install()  # ... and do not print Hydra's deprecation warnings about fairseq's own code

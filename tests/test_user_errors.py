@@ -266,6 +266,7 @@ def test_fairseq_train_ends_on_a_wrong_input_with_one_message(tmp_path):
     proc = subprocess.run(command, env=cli_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+    assert "UserWarning" not in proc.stderr, proc.stderr[:3000]  # Hydra's deprecations about fairseq's code
     assert proc.stderr.endswith(f"fairseq-train: error: data directory {tmp_path / 'nope'} does not exist: pass the "
                                 "--destdir of fairseq-preprocess (task.data=<path> under fairseq-hydra-train) "
                                 "(FAIRSEQ_RESIDUAL_FULL_ERROR=1 shows the traceback)\n"), proc.stderr[-3000:]
@@ -487,3 +488,37 @@ def test_a_spawned_workers_error_is_one_message(monkeypatch):
     assert out.getvalue() == ("fairseq-train: error: worker 0: --hc-streams must be in [1, 16], got 0 (fairseq: "
                               "Cannot load model parameters from checkpoint c.pt; please ensure that the "
                               "architectures match.) (FAIRSEQ_RESIDUAL_FULL_ERROR=1 shows the traceback)\n")
+
+
+@pytest.mark.parametrize("argv0, quiet", [("/venv/bin/fairseq-generate", True), ("/usr/bin/ipython", False),
+                                          ("/venv/bin/fairseq-hydra-train", False)])
+def test_hydra_deprecations_about_fairseqs_code_are_silenced_in_its_tools(argv0, quiet, monkeypatch):
+    """In fairseq's tools the six deprecation warnings Hydra prints about fairseq 0.12's own use of its API are
+    silenced (another warning is not), and the DEBUG level a fairseq model module sets on import goes back to
+    INFO; other programs and fairseq-hydra-train keep both."""
+    import logging
+    import warnings
+
+    from fairseq_residual import tool_output
+
+    monkeypatch.setattr(sys, "argv", [argv0])
+    monkeypatch.delenv("LOGLEVEL", raising=False)
+    fairseqs = ["hydra.experimental.initialize() is no longer experimental. Use hydra.initialize()",
+                "hydra.experimental.compose() is no longer experimental. Use hydra.compose()",
+                "\nThe version_base parameter is not specified.\nPlease specify a compatability version level",
+                "In 'config': Usage of deprecated keyword in package header '# @package _group_'.\nSee https://",
+                "\n'config' is validated against ConfigStore schema with the same name.\nThis behavior is deprecated",
+                "\nThe strict flag in the compose API is deprecated.\nSee https://hydra.cc"]
+    other = "In 'my_config': the defaults list is missing _self_"
+    level = logging.root.level
+    try:
+        logging.root.setLevel(logging.DEBUG)
+        with warnings.catch_warnings(record=True) as shown:
+            warnings.simplefilter("always")
+            tool_output.install()
+            for message in [*fairseqs, other]:
+                warnings.warn(message, UserWarning)
+        assert [str(w.message) for w in shown] == ([other] if quiet else [*fairseqs, other])
+        assert logging.root.level == (logging.INFO if quiet else logging.DEBUG)
+    finally:
+        logging.root.setLevel(level)
