@@ -115,12 +115,29 @@ def _one_line(message: str) -> str:
     return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
+def _stock_message(exc: BaseException):
+    """The one-line report for a stock fairseq failure whose own message is cryptic, or None: ``KeyError: None`` at
+    ``TASK_REGISTRY[args.task]`` in ``fairseq/options.py`` (``fairseq-validate`` has no default ``--task``)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    where = (os.path.basename(os.path.dirname(tb.tb_frame.f_code.co_filename)),
+             os.path.basename(tb.tb_frame.f_code.co_filename), tb.tb_frame.f_code.co_name)
+    if type(exc) is KeyError and exc.args == (None,) and where == ("fairseq", "options.py", "parse_args_and_arch"):
+        return ("no --task given, and this tool has no default task: add the task the model was trained with "
+                "(--task translation for this plugin's translation models), with --max-tokens 4096 or --batch-size")
+    return None
+
+
 def user_message(exc: BaseException):
     """The one-line report for ``exc`` (a message's lines joined), or None when Python's traceback should stand:
     the message of a :class:`UserInputError`; of one that a bare ``Exception`` was raised from or while handling
     (fairseq's trainer wraps a checkpoint's errors so; not ``raise ... from None``), followed by the wrapper's
     message; of one that ended a worker of ``torch.multiprocessing.spawn`` (its ``ProcessRaisedException``
-    carries the worker's traceback as text), alone or under one such wrapper."""
+    carries the worker's traceback as text), alone or under one such wrapper; a stock fairseq failure that
+    :func:`_stock_message` rewords."""
     if isinstance(exc, UserInputError):
         return _one_line(str(exc))
     if type(exc) is Exception:
@@ -131,7 +148,7 @@ def user_message(exc: BaseException):
     if type(exc).__name__ == "ProcessRaisedException" and exc.args:
         message = _from_worker_trace(str(exc.args[0]))
         return None if message is None else _one_line(message)
-    return None
+    return _stock_message(exc)
 
 
 def running_tool():

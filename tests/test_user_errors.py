@@ -522,3 +522,21 @@ def test_hydra_deprecations_about_fairseqs_code_are_silenced_in_its_tools(argv0,
         assert logging.root.level == (logging.INFO if quiet else logging.DEBUG)
     finally:
         logging.root.setLevel(level)
+
+
+def test_fairseq_validate_without_a_task_is_named(monkeypatch):
+    """Stock fairseq-validate has no default --task and ends on ``KeyError: None`` in fairseq's option parser: the
+    tool reports the missing --task and the fix instead; a KeyError(None) raised elsewhere keeps its traceback."""
+    from fairseq import options
+
+    from fairseq_residual import user_errors
+
+    parser = options.get_validation_parser()
+    with pytest.raises(KeyError) as raised:
+        options.parse_args_and_arch(parser, ["data-bin", "--path", "checkpoint_best.pt", "--user-dir", str(USER_DIR)])
+    assert user_errors.user_message(raised.value) == (
+        "no --task given, and this tool has no default task: add the task the model was trained with (--task "
+        "translation for this plugin's translation models), with --max-tokens 4096 or --batch-size")
+    with pytest.raises(KeyError) as elsewhere:
+        {}[None]
+    assert user_errors.user_message(elsewhere.value) is None
