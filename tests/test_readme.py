@@ -84,3 +84,23 @@ def test_references_point_at_existing_files(page):
             if line > n:
                 missing.append(f"{target}:{line}: the file has {n} lines")
     assert not missing, f"{os.path.relpath(page, REPO)}: " + "; ".join(missing)
+
+
+def test_readme_ranking_table_is_the_archived_rankings(capsys):
+    """README.md's "Which scheme" table is made from docs/results/2026-12-04-ranking/ranking.json
+    (scripts/readme_ranking.py --write); a changed number in either makes them differ."""
+    import json
+
+    from residual_studies import readme_ranking
+    from residual_studies.ranking import readme_table
+
+    assert readme_ranking.main([]) == 0, capsys.readouterr().out
+    with open(readme_ranking.RANKING_JSON, encoding="utf-8") as f:
+        data = json.load(f)
+    with open(readme_ranking.README, encoding="utf-8") as f:
+        text = f.read()
+    data["rows"][0]["text"]["valid_nll"] = "0.00 ± 0.00"
+    assert readme_ranking.render(text, readme_table(data)) != text
+    data["rows"] = [r for r in data["rows"] if r["row"] != "pre_ln"]
+    with pytest.raises(ValueError, match="Pre-LN has fewer than 3 seeds"):
+        readme_table(data)

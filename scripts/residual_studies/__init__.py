@@ -32,7 +32,8 @@ Library, one concern each:
 
 Applications, each a thin layer on the library (none imports another): :mod:`.demo`, :mod:`.depth_study`,
 :mod:`.claims_study`, :mod:`.learning_curve`, :mod:`.speed`, :mod:`.results` (benchmark tables),
-:mod:`.bleu` (scoring), :mod:`.checkpoints` (averaging), :mod:`.measure_training` (training speed of one run);
+:mod:`.bleu` (scoring), :mod:`.checkpoints` (averaging), :mod:`.measure_training` (training speed of one run),
+:mod:`.readme_ranking` (README.md's ranking table);
 :mod:`.shell` (the Python the shell scripts call) and :mod:`.ding_corpus` (building the shipped corpus).
 """
 import importlib.util

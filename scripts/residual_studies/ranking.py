@@ -707,3 +707,49 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
             if os.path.exists(os.path.join(out, name)):
                 os.remove(os.path.join(out, name))
     return text
+
+
+def _rate(lr) -> str:
+    """``0.004`` -> ``4e-3``."""
+    mantissa, exponent = f"{lr:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def readme_table(data, baseline=BASELINE):
+    """The README's summary of a ranking: every row with all its seeds (the most any row has), in rank order, its
+    rate, valid nll and BLEU (mean ± sd), each against ``baseline`` as the seed-paired difference with its 95%
+    interval ("level" where the interval spans zero), and the paper's IWSLT14 BLEU.
+
+    Args:
+        data: a ``ranking.json`` (:func:`write_report`'s), with its order's pairs.
+        baseline: the row the others are read against.
+
+    Returns:
+        The Markdown table (a string ending in a newline).
+
+    Raises:
+        ValueError: ``baseline`` has not all its seeds.
+    """
+    seeds = max(r["seeds"] for r in data["rows"])
+    rows = [r for r in data["rows"] if r["seeds"] == seeds]
+    if baseline not in {r["row"] for r in rows}:
+        raise ValueError(f"{row_label(baseline)} has fewer than {seeds} seeds in the ranking: nothing to read against")
+    pairs = {tuple(p["rows"]): p for p in data["order"]["pairs"]}
+
+    def against(row, key, digits):
+        pair, sign = pairs.get((row, baseline)), 1
+        if pair is None:
+            pair, sign = pairs[(baseline, row)], -1
+        pair = pair if key is None else pair[key]
+        if not pair["resolved"]:
+            return "level"
+        return f"{sign * pair['mean']:+.{digits}f} ± {pair['ci']:.{digits}f}"
+
+    lines = []
+    for r in rows:
+        mine = r["row"] == baseline
+        lines.append([r["label"], _rate(r["lr"]), r["text"]["valid_nll"], "" if mine else against(r["row"], None, 3),
+                      r["text"]["bleu"], "" if mine else against(r["row"], "bleu", 2),
+                      "-" if r["paper"] is None else r["paper"]])
+    return markdown_table(["scheme", "lr", "valid nll (bits)", f"vs {row_label(baseline)}", "BLEU",
+                           f"vs {row_label(baseline)}", "paper's IWSLT14 12-layer BLEU"], lines)
