@@ -86,9 +86,10 @@ def test_references_point_at_existing_files(page):
     assert not missing, f"{os.path.relpath(page, REPO)}: " + "; ".join(missing)
 
 
-def test_readme_ranking_table_is_the_archived_rankings(capsys):
-    """README.md's "Which scheme" table is made from docs/results/2026-12-04-ranking/ranking.json
-    (scripts/readme_ranking.py --write); a changed number in either makes them differ."""
+def test_ranking_tables_are_the_archived_rankings(capsys):
+    """README.md's "Which scheme" table and the ranking page's rows are made from
+    docs/results/2026-12-04-ranking/ranking.json (scripts/readme_ranking.py --write); a changed number in either
+    makes them differ."""
     import json
 
     from residual_studies import readme_ranking

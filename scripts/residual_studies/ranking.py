@@ -753,3 +753,16 @@ def readme_table(data, baseline=BASELINE):
                       "-" if r["paper"] is None else r["paper"]])
     return markdown_table(["scheme", "lr", "valid nll (bits)", f"vs {row_label(baseline)}", "BLEU",
                            f"vs {row_label(baseline)}", "paper's IWSLT14 12-layer BLEU"], lines)
+
+
+def rows_table(data):
+    """The results page's summary of a ranking: every row with all its seeds, in rank order, its rate, valid nll,
+    BLEU and chrF (mean ± sd), the mean layer-1 / top-layer gradient ratio (encoder / decoder) and the paper's
+    IWSLT14 BLEU (``data``: a ``ranking.json``). Returns the Markdown table."""
+    seeds = max(r["seeds"] for r in data["rows"])
+    lines = [[r["label"], _rate(r["lr"]), r["text"]["valid_nll"], r["text"]["bleu"], r["text"]["chrf"],
+              " / ".join(r["text"][k].split(" ± ")[0] for k in ("grad_enc", "grad_dec")),
+              "-" if r["paper"] is None else r["paper"]]
+             for r in data["rows"] if r["seeds"] == seeds]
+    return markdown_table(["", "lr", "valid nll (bits)", "BLEU", "chrF", "grad L1 / top, enc / dec",
+                           "paper's IWSLT14 12-layer BLEU"], lines)
