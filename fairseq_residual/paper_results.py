@@ -22,7 +22,8 @@ def load() -> dict:
         return json.load(f)
 
 
-def paper_bleu(benchmark: str, scheme: str, layers: int, warmup: bool = True) -> Optional[Union[float, str]]:
+def paper_bleu(benchmark: str, scheme: str, layers: int, warmup: bool = True,
+               direction: Optional[str] = None) -> Optional[Union[float, str]]:
     """The paper's BLEU for ``scheme`` at ``layers`` + ``layers`` layers on ``benchmark``.
 
     Args:
@@ -30,6 +31,8 @@ def paper_bleu(benchmark: str, scheme: str, layers: int, warmup: bool = True) ->
         scheme: registry name (``post_ln``, ``resi_dual``, ...).
         layers: layers per stack.
         warmup: False for the paper's no-warm-up ablation (IWSLT14 only).
+        direction: a column of the benchmark's per-direction table (OPUS-100: ``en-xx``, ``xx-en``, ``all``);
+            None: its main table.
 
     Returns:
         the BLEU (float), ``"fail"`` where the paper reports divergence, or None where the paper has
@@ -38,6 +41,8 @@ def paper_bleu(benchmark: str, scheme: str, layers: int, warmup: bool = True) ->
     bench = load()["benchmarks"].get(benchmark)
     if bench is None:
         return None
+    if direction is not None:
+        return bench.get("by_direction", {}).get(scheme, {}).get(str(layers), {}).get(direction)
     table = bench["results"] if warmup else bench.get("no_warmup", {})
     return table.get(scheme, {}).get(str(layers))
 

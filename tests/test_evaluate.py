@@ -448,7 +448,7 @@ def test_collect_results_table_keeps_diverged_runs(tmp_path):
              "[train_inner][INFO] - epoch 003:  50 / 1100 loss=nan, nll_loss=nan, ppl=nan, wps=1\n" + done)
     make_run(tmp_path, "post_ln-12L-seed2", None,
              "[train][INFO] - epoch 001 | loss 9.1\nTraceback (most recent call last):\n  ...\n"
-             "RuntimeError: CUDA error\n", checkpoint=False)
+             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n", checkpoint=False)
     make_run(tmp_path, "pre_ln-12L-seed1", 34.9, "| epoch 001 | loss 7.2 | nll_loss 6.1\n" + done)
     make_run(tmp_path, "pre_ln-6L-seed1", None, "[train_inner][INFO] - epoch 001: loss=9.1\n")  # running
 
@@ -457,7 +457,7 @@ def test_collect_results_table_keeps_diverged_runs(tmp_path):
     assert status == {
         "post_ln-6L-seed1": "ok", "post_ln-6L-seed2": "ok", "post_ln-6L-seed3": "ok",
         "resi_dual-6L-seed1": "ok", "resi_dual-6L-seed2": "ok", "resi_dual-6L-seed3": "diverged",
-        "post_ln-12L-seed1": "diverged", "post_ln-12L-seed2": "diverged",
+        "post_ln-12L-seed1": "diverged", "post_ln-12L-seed2": "failed",
         "pre_ln-12L-seed1": "ok", "pre_ln-6L-seed1": "incomplete",
     }
     md_file = tmp_path / "table.md"
@@ -472,8 +472,9 @@ def test_collect_results_table_keeps_diverged_runs(tmp_path):
     paper = {k: v[1::3] for k, v in cells.items()}
     delta = {k: v[2::3] for k, v in cells.items()}
     post = [35.0, 35.5, 36.1]
+    # out of memory is a failure of the machine, not a divergence of the scheme (the paper's "fail")
     assert rows["Post-LN"] == [f"{statistics.mean(post):.2f} ± {statistics.stdev(post):.2f}",
-                               "diverged (2/3)"]
+                               "failed (1/3); diverged (1/3)"]
     resi = [36.0, 36.4]
     assert rows["ResiDual"][0] == (f"{statistics.mean(resi):.2f} ± {statistics.stdev(resi):.2f} "
                                    f"(n=2; 1/3 diverged)")
@@ -487,7 +488,9 @@ def test_collect_results_table_keeps_diverged_runs(tmp_path):
     assert delta["Pre-LN"] == ["–", f"{34.9 - 35.18:+.2f}"]
     assert "as reported in arXiv 2304.14802" in text and "transcribed" in text
     assert "Paper's BLEU type: not stated in the paper" in text and "tokenized lowercased BLEU" in text
-    assert "Minimum loss scale reached" in text and "crashed without a final checkpoint" in text
+    assert "Minimum loss scale reached" in text
+    assert ("`post_ln-12L-seed2`: failed: crashed without a final checkpoint: torch.OutOfMemoryError: CUDA out of "
+            "memory. Tried to allocate 2.00 GiB (train.log)") in text
     assert "nan/inf loss" in text
     runs = json.loads((tmp_path / "runs.json").read_text())
     assert len(runs["iwslt14"]) == 10
@@ -495,17 +498,45 @@ def test_collect_results_table_keeps_diverged_runs(tmp_path):
 
 def test_a_crash_reported_in_one_line_is_a_crash(tmp_path):
     """The plugin ends fairseq's tools on a wrong input with one line, ``fairseq-train: error: ...``, instead of a
-    traceback: a run that stopped so, without a checkpoint, still counts as crashed, and its failure reason is the
-    whole message; the same log without it counts as running."""
-    from residual_studies.divergence import classify, run_dir_divergence
+    traceback: a run that stopped so, without a checkpoint, counts as failed (not diverged), and its failure reason
+    is the whole message; the same log without it counts as running."""
+    from residual_studies.divergence import classify, run_dir_divergence, run_dir_failure
 
     head = "[train][INFO] - epoch 001 | loss 9.1\n"
     error = ("fairseq-train: error: checkpoint x.pt is truncated (10 bytes) (FAIRSEQ_RESIDUAL_FULL_ERROR=1 shows the "
              "traceback)")
     crashed = make_run(tmp_path, "post_ln-12L-seed1", None, head + error + "\n", checkpoint=False)
-    assert run_dir_divergence(crashed) == "crashed without a final checkpoint (checkpoint_last.pt missing)"
+    assert run_dir_divergence(crashed) is None  # no sign of divergence: a failure
+    assert run_dir_failure(crashed) == f"crashed without a final checkpoint: {error} (train.log)"
     assert classify(1, head + error + "\n", None) == ("failed", f"fairseq-train exit status 1: {error}")
-    assert run_dir_divergence(make_run(tmp_path, "post_ln-12L-seed2", None, head, checkpoint=False)) is None
+    assert run_dir_failure(make_run(tmp_path, "post_ln-12L-seed2", None, head, checkpoint=False)) is None
+    finished = make_run(tmp_path, "post_ln-12L-seed3", None, head + error + "\n", checkpoint=True)
+    assert run_dir_failure(finished) is None  # a final checkpoint: resumable, not failed
+
+
+def test_the_papers_numbers_stand_beside_the_comparable_metric_only(tmp_path):
+    """WMT14: the paper's average over newstest2010-2016 is read against sacrebleu_newstest2010_2016_avg, not against
+    the newstest2014-only metrics; OPUS-100: each direction's average against the paper's column of that
+    direction."""
+    def run(bench, name, metrics):
+        folder = tmp_path / bench / name
+        (folder / "eval").mkdir(parents=True)
+        (folder / "train.log").write_text("[fairseq_cli.train][INFO] - done training in 1.0 seconds\n")
+        (folder / "eval" / "test.json").write_text(json.dumps({"metrics": {
+            k: {"score": v, "signature": "x", "description": k} for k, v in metrics.items()}}))
+
+    run("wmt14", "pre_ln-6L-seed1", {"tokenized_bleu_compound_split": 27.5, "sacrebleu_newstest2010_2016_avg": 26.0})
+    run("opus100", "resi_dual-18L-seed1", {"sacrebleu_en_xx_avg": 28.0, "sacrebleu_xx_en_avg": 33.0})
+    text = collect_results.report(collect_results.find_runs([str(tmp_path / "wmt14"), str(tmp_path / "opus100")]))
+    tables = {t.split("\n")[0]: t for t in text.split("### ")[1:]}
+    # arXiv 2304.14802: WMT Pre-LN 6+6 26.10; OPUS-100 ResiDual 18+18 en->xx 28.7, xx->en 33.4
+    assert "| Pre-LN | 26.00 | 26.10 | -0.10 |" in tables["wmt14: sacrebleu_newstest2010_2016_avg"]
+    split = tables["wmt14: tokenized_bleu_compound_split"]
+    assert "| Pre-LN | 27.50 |" in split and "paper" not in split.split("| scheme")[1] and "Δ" not in split
+    assert "comparable with sacrebleu_newstest2010_2016_avg only" in split
+    assert "| ResiDual | 28.00 | 28.70 | -0.70 |" in tables["opus100: sacrebleu_en_xx_avg"]
+    assert "| ResiDual | 33.00 | 33.40 | -0.40 |" in tables["opus100: sacrebleu_xx_en_avg"]
+    assert "Read against its xx-en column" in tables["opus100: sacrebleu_xx_en_avg"]
 
 
 def test_collect_results_without_paper_numbers(tmp_path):

@@ -12,9 +12,10 @@ A run **diverged** when
 
 The reason names the sign and quotes the **last** log line showing it (the exception's message rather
 than the source line that raised it). Both the depth study (one training process it ran, with its exit
-status) and the benchmark tables (run directories on disk: :func:`run_dir_divergence`, which also counts
-a crash that left no ``checkpoint_last.pt``) apply this rule; a run that failed without any of these
-signs failed for another reason (out of memory, a wrong option, ...).
+status) and the benchmark tables (run directories on disk: :func:`run_dir_divergence`) apply this rule; a run
+that failed without any of these signs failed for another reason (out of memory, a wrong option, a lost node,
+...): :func:`run_dir_failure` names a crash that left no ``checkpoint_last.pt`` by its error line, and the tables
+count it as failed, not diverged.
 """
 import glob
 import math
@@ -34,6 +35,9 @@ SIGNS = (
 #: reports, or the one-line report of the plugin's errors about the user's input (fairseq_residual/user_errors.py)
 CRASH = re.compile(r"^Traceback \(most recent call last\)|Error executing job|ChildFailedError|^fairseq-[\w-]+: error: ")
 DONE = re.compile(r"done training in")
+#: the line naming a crash's error: an exception's (``[module.]NameError: message``; ``...Exception``,
+#: ``...Interrupt``) or the plugin's one-line report (``fairseq-train: error: ...``)
+ERROR_LINE = re.compile(r"^(?:[\w.]*(?:Error|Exception|Interrupt)\b.*|fairseq-[\w-]+: error: .*)$")
 #: the logs of a run directory that training writes (not the evaluation's)
 LOG_GLOBS = ("hydra_train.log", "train.log", "slurm-*.out", "*.log")
 
@@ -87,27 +91,39 @@ def log_files(run_dir):
 
 
 def run_dir_divergence(run_dir):
-    """Why the run in ``run_dir`` diverged (a short reason), or None.
-
-    The signs of :data:`SIGNS` anywhere in its logs, or a crash (a traceback after the last 'done
-    training') that left no checkpoint_last.pt.
-    """
-    crashed = False
+    """Why the run in ``run_dir`` diverged (a short reason: the sign and the log line), or None: the signs of
+    :data:`SIGNS` anywhere in its training logs."""
     for path in log_files(run_dir):
-        crashed_at = done_at = -1
         with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-        sign = log_sign(lines)
+            sign = log_sign(f.read().splitlines())
         if sign:
             return f"{sign[0]} ({os.path.basename(path)}: {sign[1][:120]})"
+    return None
+
+
+def run_dir_failure(run_dir):
+    """Why the run in ``run_dir`` stopped without diverging, or None: a crash (a traceback, Hydra's or torchrun's
+    report, or the plugin's one-line error, after a log's last 'done training') that left no
+    ``checkpoint_last.pt``, named by the last error line after it (:data:`ERROR_LINE`; torchrun's
+    ``ChildFailedError`` only when no worker's error is in the log). Check :func:`run_dir_divergence` first: a
+    diverged run may crash too."""
+    error = None
+    for path in log_files(run_dir):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+        crashed_at = done_at = -1
         for position, line in enumerate(lines):
             if CRASH.search(line):
                 crashed_at = position
             if DONE.search(line):
                 done_at = position
-        crashed = crashed or crashed_at > done_at
-    if crashed and not os.path.exists(os.path.join(run_dir, "checkpoint_last.pt")):
-        return "crashed without a final checkpoint (checkpoint_last.pt missing)"
+        if crashed_at > done_at:
+            found = [line.strip() for line in lines[crashed_at:] if ERROR_LINE.match(line.strip())]
+            named = [line for line in found if "ChildFailedError" not in line] or found
+            error = error or (f"{named[-1][:200]} ({os.path.basename(path)})" if named
+                              else f"see {os.path.basename(path)}")
+    if error and not os.path.exists(os.path.join(run_dir, "checkpoint_last.pt")):
+        return f"crashed without a final checkpoint: {error}"
     return None
 
 

@@ -9,15 +9,19 @@ standard deviation (n-1) of the metric over the seeds.
 Runs that diverged are kept, not dropped: a run counts as diverged by the project's one rule
 (:mod:`.divergence`): its training logs (``hydra_train.log``, ``train.log``,
 ``slurm-*.out``) show a NaN/inf loss, fairseq's ``Minimum loss scale reached`` (fp16), NaN/Inf
-gradients, a fatal ``exceeded`` error or ``NaN detected``, or training crashed (a Python traceback
-after the last ``done training``) and left no final checkpoint (``checkpoint_last.pt``). A cell then reads e.g. ``35.10 ± 0.12 (1/3 diverged)``, or
-``diverged (3/3)`` when no seed survived; runs without results and without a sign of divergence are
-``incomplete`` (still training, or not evaluated yet), and ``–`` marks a grid point without any run.
+gradients, a fatal ``exceeded`` error or ``NaN detected``. A run whose training crashed without such a sign
+(a traceback or error after the last ``done training``: out of memory, a wrong option, a lost node) and left no
+final checkpoint (``checkpoint_last.pt``) counts as **failed**, named by its error line: a failure of the
+machine or the command, not of the scheme. A cell then reads e.g. ``35.10 ± 0.12 (n=2; 1/3 diverged)``, or
+``diverged (3/3)`` / ``failed (1/3); diverged (2/3)`` when no seed finished; runs without results and without
+either are ``incomplete`` (still training, or not evaluated yet), and ``–`` marks a grid point without any run.
 
-Beside each depth's column, tables of the paper's benchmarks (``iwslt14``, ``wmt14``, ``opus100``) show the
-number the ResiDual paper reports for the same scheme and depth (``fairseq_residual/paper_results.json``:
-as reported in arXiv 2304.14802, transcribed) and the difference ``Δ`` = your mean − paper, with both BLEU
-types labelled above the table.
+Beside each depth's column, the tables of the metric the paper's numbers are comparable with
+(:data:`PAPER_METRICS`: IWSLT14's tokenized BLEU, WMT14's sacreBLEU averaged over newstest2010-2016, OPUS-100's
+per-direction averages) show the number the ResiDual paper reports for the same scheme and depth
+(``fairseq_residual/paper_results.json``: as reported in arXiv 2304.14802, transcribed) and the difference
+``Δ`` = your mean − paper, with both BLEU types labelled above the table; the other metrics' tables have no paper
+columns.
 
 Usage::
 
@@ -35,23 +39,31 @@ import sys
 from fairseq_residual.paper_results import FAIL, describe, paper_bleu
 
 from .commands import parse_run_name
-from .divergence import run_dir_divergence
+from .divergence import run_dir_divergence, run_dir_failure
 from .report import LABELS, ORDER
 
 SCHEME_ORDER = ORDER
 SCHEME_LABEL = LABELS
+#: per benchmark, the metrics (``eval/<subset>.json``'s names, :mod:`.bleu`) the paper's numbers are comparable
+#: with, each with the direction of the paper's table it is read against (None: its main table)
+PAPER_METRICS = {
+    "iwslt14": {"tokenized_bleu": None},
+    "wmt14": {"sacrebleu_newstest2010_2016_avg": None},
+    "opus100": {"sacrebleu_en_xx_avg": "en-xx", "sacrebleu_xx_en_avg": "xx-en"},
+}
 
 
 def read_run(run_dir, subset="test"):
     """One run: identity from the directory name, status, and its metrics.
 
     Returns:
-        dict with scheme, layers, seed, run_dir, status ('ok', 'diverged', 'incomplete'),
-        reason (diverged) and metrics ({name: {"score", "signature", "description"}}).
+        dict with scheme, layers, seed, run_dir, status ('ok', 'diverged', 'failed', 'incomplete'),
+        reason (diverged, failed) and metrics ({name: {"score", "signature", "description"}}).
     """
     run = dict(parse_run_name(os.path.basename(os.path.normpath(run_dir))), run_dir=run_dir, metrics={},
                reason=None)
     reason = run_dir_divergence(run_dir)
+    failure = None if reason else run_dir_failure(run_dir)
     result = os.path.join(run_dir, "eval", f"{subset}.json")
     if os.path.exists(result):
         with open(result, encoding="utf-8") as f:
@@ -61,6 +73,8 @@ def read_run(run_dir, subset="test"):
         run["primary_metric"] = data.get("primary_metric")
     if reason:
         run["status"], run["reason"] = "diverged", reason
+    elif failure:
+        run["status"], run["reason"] = "failed", failure
     elif run["metrics"]:
         run["status"] = "ok"
     else:
@@ -106,9 +120,9 @@ def ok_scores(runs, metric):
             and math.isfinite(r["metrics"][metric]["score"])]
 
 
-def paper_cells(bench, scheme, layers, scores):
-    """The paper's number for (bench, scheme, layers) and the difference of the mean of ``scores``."""
-    paper = paper_bleu(bench, scheme, layers)
+def paper_cells(bench, scheme, layers, scores, direction=None):
+    """The paper's number for (bench, scheme, layers[, direction]) and the difference of the mean of ``scores``."""
+    paper = paper_bleu(bench, scheme, layers, direction=direction)
     if paper is None:
         return "–", "–"
     if paper == FAIL:
@@ -118,7 +132,7 @@ def paper_cells(bench, scheme, layers, scores):
 
 
 def cell(runs, metric, expected_seeds=None):
-    """Markdown cell for one (scheme, depth): mean ± std over seeds, with diverged ones counted.
+    """Markdown cell for one (scheme, depth): mean ± std over seeds, with failed and diverged ones counted.
 
     Args:
         runs: the runs of this cell (any status).
@@ -132,12 +146,16 @@ def cell(runs, metric, expected_seeds=None):
     total = max(len(runs), len(seeds | set(expected_seeds or ())))
     ok = ok_scores(runs, metric)
     diverged = sum(r["status"] == "diverged" for r in runs)
+    failed = sum(r["status"] == "failed" for r in runs)
     incomplete = sum(r["status"] == "incomplete" for r in runs) + len(set(expected_seeds or ()) - seeds)
     if not ok:
-        if diverged:
-            return f"diverged ({diverged}/{total})"
+        stopped = [f"{what} ({n}/{total})" for what, n in (("failed", failed), ("diverged", diverged)) if n]
+        if stopped:
+            return "; ".join(stopped)
         return "incomplete" if incomplete else "–"
     notes = []
+    if failed:
+        notes.append(f"{failed}/{total} failed")
     if diverged:
         notes.append(f"{diverged}/{total} diverged")
     if incomplete:
@@ -174,10 +192,15 @@ def table(bench, runs, metric, schemes=None, depths=None, seeds=None):
         lines.append(f"{desc}.")
     if signatures:
         lines.append("Signature: " + "; ".join(f"`{s}`" for s in signatures) + ".")
-    lines.append("Mean ± sample standard deviation over seeds; diverged runs are counted, not dropped.")
-    paper = describe(bench)
+    lines.append("Mean ± sample standard deviation over seeds; failed and diverged runs are counted, not dropped.")
+    comparable = PAPER_METRICS.get(bench, {})
+    paper = describe(bench) if metric in comparable else None
+    direction = comparable.get(metric)
     if paper:
-        lines.append(paper + " Δ = the mean of your runs − the paper's number.")
+        lines.append(paper + (f" Read against its {direction} column." if direction else "")
+                     + " Δ = the mean of your runs − the paper's number.")
+    elif comparable:
+        lines.append(f"No paper column: the paper's numbers are comparable with {', '.join(comparable)} only.")
     lines.append("")
     header = [f"{n}+{n} layers" + (f" | paper {n}+{n} | Δ" if paper else "") for n in depths]
     lines.append("| scheme | " + " | ".join(header) + " |")
@@ -188,7 +211,7 @@ def table(bench, runs, metric, schemes=None, depths=None, seeds=None):
             here = [r for r in runs if r["scheme"] == s and r["layers"] == n]
             row.append(cell(here, metric, seeds))
             if paper:
-                row.extend(paper_cells(bench, s, n, ok_scores(here, metric)))
+                row.extend(paper_cells(bench, s, n, ok_scores(here, metric), direction))
         lines.append(f"| {SCHEME_LABEL.get(s, s)} | " + " | ".join(row) + " |")
     lines.append("")
     return "\n".join(lines)
