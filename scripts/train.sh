@@ -33,8 +33,10 @@ Usage: scripts/train.sh --benchmark {iwslt14,wmt14,opus100} --data DIR --save-ro
 Launches fairseq-hydra-train with configs/<benchmark config>.yaml and the overrides for one run
 (--scheme, --layers, --seed) or for every run of a grid (--schemes, --depths, --seeds: comma
 separated). Each run trains in SAVE_ROOT/<benchmark>/<scheme>-<N>L-seed<K>/ (checkpoints,
-hydra_train.log, train.log, tensorboard/, command.sh); starting the same run again resumes it from
-its checkpoint_last.pt.
+hydra_train.log, train.log, tensorboard/, command.sh, run_settings.json); starting the same run again
+resumes it from its checkpoint_last.pt. A run folder whose checkpoints were trained with other training
+settings (run_settings.json: the model, optimizer, learning rate and schedule, criterion, seed, precision,
+tokens per update; not GPUs, paths, logging or max_update) is refused: use another --save-root.
 
 Options:
   --benchmark B          iwslt14 (configs/iwslt14_de_en.yaml), wmt14 (configs/wmt14_en_de.yaml)
@@ -436,6 +438,9 @@ for seed in "${SEED_LIST[@]}"; do
     job="$BENCHMARK-$run_name"
     build_command "$scheme" "$layers" "$seed" "$run_dir"
     echo "# $BENCHMARK | $scheme | $layers+$layers layers | seed $seed -> $run_dir"
+    if [[ $DRY_RUN == 0 ]]; then  # the run's training settings, recorded; a folder of other settings refused
+        tools run-settings "$run_dir" "${CMD[@]}" || { FAILED+=("$run_name"); continue; }
+    fi
     if [[ $LAUNCHER == slurm ]]; then
         script="$run_dir/train.sbatch"
         if [[ $DRY_RUN == 1 ]]; then

@@ -2,6 +2,7 @@
 local / torchrun / SLURM launchers, precision switches, and two real CPU runs through
 fairseq-hydra-train: 2-process distributed training (torchrun, gloo) with the plugin as user dir,
 and a run killed with SIGKILL that resumes from its last checkpoint."""
+import json
 import os
 import re
 import shlex
@@ -242,6 +243,39 @@ def test_killed_run_resumes_from_last_checkpoint(tiny_data_bin, tmp_path):
     assert state["optimizer_history"][-1]["num_updates"] == 24
     log = (run_dir / "train.log").read_text()  # both runs, appended
     assert "Loaded checkpoint" in log and "No existing checkpoint found" in log
+    # the same folder with another warm-up would resume this run with other settings: refused, nothing touched
+    proc = run_script([*args, "--extra", "lr_scheduler.warmup_updates=1"], check=False, timeout=300)
+    assert proc.returncode != 0
+    assert ("holds a run started with other training settings (lr_scheduler.warmup_updates: 5 -> 1)"
+            in proc.stdout), proc.stdout[-3000:]
+    assert load_checkpoint(run_dir / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"] == 24
+
+
+def test_a_runs_training_settings_are_recorded_and_other_ones_refused(tmp_path):
+    """run_settings.json holds the overrides that define the training (the last of a key wins) and the tokens per
+    update, not the launch's; a folder with a checkpoint refuses other settings, a folder without one takes them."""
+    from residual_studies.shell import check_run_settings, run_settings
+
+    launch = ["fairseq-hydra-train", "--config-dir", "configs", "common.seed=1", "model.residual_scheme=pre_ln",
+              "dataset.max_tokens=4096", "optimization.update_freq=[2]",
+              "distributed_training.distributed_world_size=8", "checkpoint.save_dir='/runs/x'",
+              "optimization.max_update=100", "optimization.lr=[0.001]"]
+    assert run_settings(launch) == {"common.seed": "1", "model.residual_scheme": "pre_ln",
+                                    "optimization.lr": "[0.001]", "tokens per update": "65536"}
+    # 4 GPUs x update_freq 4 is the same batch; a longer run and other paths are the same run
+    same = [o.replace("[2]", "[4]").replace("=8", "=4").replace("=100", "=200").replace("/runs/x", "/b")
+            for o in launch]
+    assert run_settings(same) == run_settings(launch)
+    assert check_run_settings(str(tmp_path), launch) is None
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"x")
+    assert check_run_settings(str(tmp_path), same) is None
+    why = check_run_settings(str(tmp_path), launch + ["+model.resi_dual_scale=0.05", "optimization.lr=[0.002]"])
+    assert why == (f"{tmp_path} holds a run started with other training settings (model.resi_dual_scale: (not set) "
+                   f"-> 0.05; optimization.lr: [0.001] -> [0.002]): starting would resume that run with these. "
+                   f"Resume it with its own settings, or train these in a folder of their own (another --save-root)")
+    (tmp_path / "checkpoint_last.pt").unlink()  # nothing to resume: the folder takes the new settings
+    assert check_run_settings(str(tmp_path), launch + ["optimization.lr=[0.002]"]) is None
+    assert json.loads((tmp_path / "run_settings.json").read_text())["optimization.lr"] == "[0.002]"
 
 
 def test_truncated_checkpoint_last_falls_back_to_newest_complete_one(tmp_path):

@@ -15,8 +15,13 @@
                                checkpoints), or empty when no checkpoint was averaged; NEWSTEST: the
                                newstest2010-2016 decoding settings (JSON, or null) and REFS their references
   speed-summary OUT DTYPE...   the goals summary of the speed benchmark's bench_<dtype>.json files
+  run-settings RUN_DIR OVERRIDE...
+                               record the run's training settings (:func:`run_settings`) in RUN_DIR, or refuse
+                               (exit status 1, the differences and the fix) when RUN_DIR holds a checkpoint of a
+                               run started with other settings
 """
 import json
+import os
 import struct
 import sys
 
@@ -99,6 +104,57 @@ def eval_meta(bench, run_dir, name, ckpt, average_log, subset, beam, lenpen, a, 
     })
 
 
+#: the Hydra keys (prefixes) that define what a run trains: a run resumed with another value of one of them would
+#: be neither run; launch keys (paths, GPUs, logging, max_update, save intervals) may change between launches
+TRAINING_KEYS = ("model.", "optimizer.", "optimization.lr", "optimization.clip_norm", "lr_scheduler.", "criterion.",
+                 "common.seed", "common.fp16", "common.bf16", "common.amp", "common.memory_efficient_fp16",
+                 "common.memory_efficient_bf16", "task.source_lang", "task.target_lang")
+RUN_SETTINGS = "run_settings.json"
+
+
+def run_settings(overrides):
+    """What defines a run's training, from its Hydra overrides (``key=value``, the last of a key wins, ``+`` and
+    ``++`` ignored): every override of :data:`TRAINING_KEYS`, and the tokens per update, ``dataset.max_tokens`` x
+    ``optimization.update_freq`` x ``distributed_training.distributed_world_size`` (its GPUs and update_freq may
+    change, its batch may not). Returns ``{key: value}``."""
+    given = {}
+    for o in overrides:
+        key, sep, value = o.lstrip("+").partition("=")
+        if sep:
+            given[key] = value
+    out = {k: v for k, v in given.items() if k.startswith(TRAINING_KEYS)}
+    try:
+        tokens = (int(given["dataset.max_tokens"]) * int(given.get("optimization.update_freq", "[1]").strip("[]"))
+                  * int(given.get("distributed_training.distributed_world_size", "1")))
+        out["tokens per update"] = str(tokens)
+    except (KeyError, ValueError):
+        pass
+    return out
+
+
+def check_run_settings(run_dir, overrides):
+    """Record :func:`run_settings` in ``run_dir/run_settings.json``, or return why not (None when recorded): a
+    checkpoint in ``run_dir`` of a run whose recorded settings differ (starting would resume it with these)."""
+    path = os.path.join(run_dir, RUN_SETTINGS)
+    now = run_settings(overrides)
+    before = None
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            before = json.load(f)
+    resumable = any(n.startswith("checkpoint") and n.endswith(".pt") for n in os.listdir(run_dir))
+    if before is not None and before != now and resumable:
+        changed = [f"{k}: {before.get(k, '(not set)')} -> {now.get(k, '(not set)')}"
+                   for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+        return (f"{run_dir} holds a run started with other training settings ({'; '.join(changed)}): starting would "
+                f"resume that run with these. Resume it with its own settings, or train these in a folder of their "
+                f"own (another --save-root)")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(now, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    return None
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     cmd, args = (argv[0], argv[1:]) if argv else (None, [])
@@ -124,6 +180,11 @@ def main(argv=None):
                 print()
     elif cmd == "eval-meta" and len(args) in (11, 13):
         print(eval_meta(*args))
+    elif cmd == "run-settings" and args:
+        os.makedirs(args[0], exist_ok=True)
+        why = check_run_settings(args[0], args[1:])
+        if why:
+            sys.exit(f"[train] ERROR: {why}")
     elif cmd == "speed-summary" and args:
         from .speed_report import print_gpu_summary
 
