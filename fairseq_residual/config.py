@@ -10,7 +10,7 @@ import argparse
 from .norms import add_norm_args, fill_norm_defaults, norm_options
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, SCHEMES, SchemeOptions, get_scheme
 from .schemes.base import OptionError
-from .user_errors import advice_for_this_tool
+from .user_errors import SettingError, advice_for_this_tool
 
 # fp16's largest finite value; anything summed in fp16 (ResiDual's dual stream x_d) must stay below it.
 FP16_MAX = 65504.0
@@ -114,6 +114,31 @@ def _stack_option(args, stack, key):
     if value is None and hasattr(args, stack):
         value = getattr(getattr(args, stack), key, None)
     return value
+
+
+def check_model_keys(cfg, known) -> None:
+    """Refuse a key of fairseq-hydra-train's ``model`` group that the model does not read: Hydra checks the keys
+    a config declares, but a key added with ``+`` (``+model.decoder_layer=1``, a typo of ``decoder_layers``) is
+    taken as given and ignored, so the run would train another model than the one asked for.
+
+    Args:
+        cfg: the ``model`` group (a DictConfig).
+        known: the keys the model reads (its argparse options and what its architecture presets set).
+
+    Raises:
+        SettingError: naming each unknown key, the closest known one and the fix.
+    """
+    import difflib
+
+    unknown = sorted(k for k in cfg.keys() if k != "_name" and k not in known)
+    if unknown:
+        names = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, known, n=1)
+            names.append(f"model.{key}" + (f" (did you mean model.{close[0]}?)" if close else ""))
+        raise SettingError(f"{', '.join(names)} {'is not an option' if len(names) == 1 else 'are not options'} of "
+                           f"the model {cfg.get('_name')}, which would ignore {'it' if len(names) == 1 else 'them'} "
+                           f"(a key added with '+' is not checked by Hydra): fix the name, or drop it")
 
 
 def as_namespace(args):

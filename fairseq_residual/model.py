@@ -25,6 +25,7 @@ and for each of the first five and every registered scheme ``<preset>_<scheme>``
 ``_pre_ln``, ``_resi_dual``, ...), which fix the default scheme (an explicit ``--residual-scheme`` still wins, as any explicit option does
 over a fairseq preset). Without a suffix the scheme defaults to ``resi_dual``.
 """
+import argparse
 import ast
 import contextlib
 import copy
@@ -45,7 +46,7 @@ from fairseq.models.transformer.transformer_legacy import (
 
 from . import checkpoint_compat  # noqa: F401  (torch>=2.6 loading of fairseq checkpoints)
 from .norms import replace_layer_norms
-from .config import add_residual_args, as_namespace, residual_defaults, residual_options
+from .config import add_residual_args, as_namespace, check_model_keys, residual_defaults, residual_options
 from .encoder_decoder import (
     DROPOUT_NAMES,
     ProtocolDecoder,
@@ -56,7 +57,7 @@ from .encoder_decoder import (
 from .optimizer_order import record_saved_order
 from .pruning import prune_to_kept_layers
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES
-from .user_errors import SettingError
+from .user_errors import SettingError, in_hydra_train
 
 MODEL_NAME = "residual_transformer"
 
@@ -149,6 +150,24 @@ class ResidualTransformerModel(TransformerModel):
         add_residual_args(parser)
 
     @classmethod
+    def known_model_keys(cls) -> frozenset:
+        """The keys of a ``model`` config this model reads: its argparse options (fairseq's transformer options
+        and the residual ones) and whatever its architecture presets set (fairseq applies the ``_name`` preset
+        to the config before building)."""
+        if "_known_keys" not in cls.__dict__:
+            from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_INV_REGISTRY
+
+            parser = argparse.ArgumentParser(add_help=False)
+            cls.add_args(parser)
+            keys = {a.dest for a in parser._actions}
+            for arch in ARCH_MODEL_INV_REGISTRY.get(MODEL_NAME, ()):
+                preset = argparse.Namespace()
+                ARCH_CONFIG_REGISTRY[arch](preset)
+                keys.update(vars(preset))
+            cls._known_keys = frozenset(keys)
+        return cls._known_keys
+
+    @classmethod
     def build_model(cls, args, task):
         """Build the model from an argparse Namespace (fairseq-train) or DictConfig (hydra).
 
@@ -160,6 +179,8 @@ class ResidualTransformerModel(TransformerModel):
             ValueError: invalid residual options (see ``config.residual_options``), or fairseq's
                 own errors (e.g. ``--share-all-embeddings requires a joined dictionary``).
         """
+        if in_hydra_train() and not isinstance(args, argparse.Namespace):  # a config's keys must all count
+            check_model_keys(args, cls.known_model_keys())
         args = as_namespace(args)
         residual_defaults(args)
         for stack in ("encoder", "decoder"):  # fairseq-train parses these as lists, its legacy build splits strings

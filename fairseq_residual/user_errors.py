@@ -156,6 +156,13 @@ def running_tool():
     return tool_name(sys.argv[0] if sys.argv else "")
 
 
+def in_hydra_train() -> bool:
+    """Whether this process is ``fairseq-hydra-train`` (or ``python -m fairseq_cli.hydra_train``)."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    return os.path.basename(argv0).startswith("fairseq-hydra-train") or (
+        os.path.basename(os.path.dirname(argv0)) == "fairseq_cli" and os.path.basename(argv0) == "hydra_train.py")
+
+
 def advice_for_this_tool(loading: str, training: str) -> str:
     """The fix a message gives: ``loading`` in fairseq's loading tools (:data:`LOADING_TOOLS`), ``training`` in
     fairseq-train (and fairseq-hydra-train, whose name Hydra keeps from :func:`tool_name`), both, each named,
@@ -163,9 +170,7 @@ def advice_for_this_tool(loading: str, training: str) -> str:
     tool = running_tool()
     if tool in LOADING_TOOLS:
         return loading
-    argv0 = sys.argv[0] if sys.argv else ""
-    if tool == "fairseq-train" or os.path.basename(argv0).startswith("fairseq-hydra-train") or (
-            os.path.basename(os.path.dirname(argv0)) == "fairseq_cli" and os.path.basename(argv0) == "hydra_train.py"):
+    if tool == "fairseq-train" or in_hydra_train():
         return training
     return f"fairseq-generate, -interactive and -validate: {loading}; fairseq-train: {training}"
 

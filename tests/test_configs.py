@@ -9,6 +9,7 @@ the same model built through fairseq-train's argparse path and a closed-form cou
 preset silently building fairseq's base dims under Hydra is a known failure of such plugins).
 """
 import os
+import sys
 
 import pytest
 import torch
@@ -210,7 +211,8 @@ def test_config_has_paper_hyperparameters(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_model_matches_argparse_and_closed_form(name, data):
+def test_model_matches_argparse_and_closed_form(name, data, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-hydra-train"])  # every key of the config is checked
     torch.manual_seed(0)
     data_bin, overrides = data[name]
     d, ffn, heads = DIMS[name]
@@ -253,6 +255,23 @@ def test_scheme_and_depth_overrides(scheme, data):
     else:
         assert type(layer) is TransformerEncoderLayerBase and layer.normalize_before == (scheme == "pre_ln")
     assert model.encoder.embed_tokens.embedding_dim == 256  # the preset's dims, not fairseq's base 512
+
+
+def test_a_model_key_added_with_plus_that_the_model_does_not_read_is_refused(data, monkeypatch):
+    """Hydra takes ``+model.decoder_layer=1`` (a typo of decoder_layers) as given and the model would ignore it:
+    fairseq-hydra-train refuses it, naming the closest option; other programs building from a config (loading a
+    checkpoint's saved config) are left alone."""
+    from fairseq_residual.user_errors import SettingError
+
+    _, overrides = data["iwslt14_de_en"]
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-hydra-train"])
+    with pytest.raises(SettingError, match=r"^model\.decoder_layer \(did you mean model\.decoder_layers\?\) is not an "
+                                           r"option of the model residual_transformer_iwslt_de_en, which would ignore "
+                                           r"it \(a key added with '\+' is not checked by Hydra\): fix the name"):
+        build_hydra("iwslt14_de_en", [*overrides, "model.encoder_layers=2", "+model.decoder_layer=1"])
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-generate"])
+    model, _, _ = build_hydra("iwslt14_de_en", [*overrides, "model.encoder_layers=2", "+model.decoder_layer=1"])
+    assert len(model.decoder.layers) == 6
 
 
 def test_unfilled_values_are_reported():
