@@ -89,8 +89,10 @@ def residual_options(args) -> SchemeOptions:
     for scheme in SCHEMES:
         given = scheme.given_options(args) if scheme is not selected else []
         if given:
-            what = (f"{', '.join(given)} {'is an option' if len(given) == 1 else 'are options'} of "
-                    f"--residual-scheme {scheme.name}, but the model's scheme is {selected.name}")
+            named = [_with_hydra_key(scheme, flag) for flag in given]
+            what = (f"{', '.join(named)} {'is an option' if len(given) == 1 else 'are options'} of "
+                    f"--residual-scheme {scheme.name} (model.residual_scheme={scheme.name}), but the model's scheme "
+                    f"is {selected.name}")
             loading = (f"the checkpoint was trained with --residual-scheme {scheme.name} and saved "
                        f"{'it' if len(given) == 1 else 'them'}: load it with its own scheme (drop residual_scheme "
                        f"from --model-overrides)")
@@ -114,6 +116,15 @@ def _stack_option(args, stack, key):
     if value is None and hasattr(args, stack):
         value = getattr(getattr(args, stack), key, None)
     return value
+
+
+def _with_hydra_key(scheme, flag: str) -> str:
+    """``--hc-streams (model.hc_streams)``; a boolean option's negative flag with its value
+    (``--no-x (model.x=false)``)."""
+    for o in scheme.OPTIONS:
+        if o.type is bool and flag == o.negative:
+            return f"{flag} (model.{o.dest}=false)"
+    return f"{flag} (model.{flag[2:].replace('-', '_')})"
 
 
 def check_model_keys(cfg, known) -> None:

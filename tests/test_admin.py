@@ -164,7 +164,7 @@ def test_profile_file_roundtrip_and_errors(tmp_path):
         log_probs(m, src, lengths, prev)
     assert int(m.encoder.residual.profiled) == 0
     # --admin-profile with another scheme is refused
-    with pytest.raises(ValueError, match="--admin-profile is an option of --residual-scheme admin"):
+    with pytest.raises(ValueError, match=r"--admin-profile \(model.admin_profile\) is an option of --residual-scheme admin"):
         build_model("residual_transformer_tiny", "--residual-scheme", "post_ln", "--admin-profile", path,
                     dictionary=d)
 

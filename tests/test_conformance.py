@@ -243,7 +243,9 @@ def test_an_option_of_another_scheme_is_refused_the_same_way(scheme, option):
     if option.type is not bool:
         flag = option.flag
     other = "pre_ln" if scheme != "pre_ln" else "post_ln"
-    with pytest.raises(ValueError, match=rf"^{flag} is an option of --residual-scheme {scheme}, but the model's "
+    key = rf"model\.{option.dest}=false" if flag == option.negative else rf"model\.{option.dest}"
+    with pytest.raises(ValueError, match=rf"^{flag} \({key}\) is an option of --residual-scheme {scheme} "
+                                         rf"\(model\.residual_scheme={scheme}\), but the model's "
                                          rf"scheme is {other}: fairseq-generate, -interactive and -validate: .*drop "
                                          rf"residual_scheme from --model-overrides\); fairseq-train: drop {flag} or use "
                                          rf"--residual-scheme {scheme}$"):

@@ -308,14 +308,16 @@ def test_a_scheme_option_saved_in_a_checkpoint_names_the_override_when_loading(m
     with pytest.raises(OptionError) as loading:
         build_model(MODEL_NAME + "_tiny", *flags, dictionary=DICTIONARY)
     assert str(loading.value) == (
-        "--hc-streams is an option of --residual-scheme hyper_connections, but the model's scheme is mhc: the "
+        "--hc-streams (model.hc_streams) is an option of --residual-scheme hyper_connections "
+        "(model.residual_scheme=hyper_connections), but the model's scheme is mhc: the "
         "checkpoint was trained with --residual-scheme hyper_connections and saved it: load it with its own scheme "
         "(drop residual_scheme from --model-overrides)")
     monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train"])
     with pytest.raises(OptionError) as training:
         build_model(MODEL_NAME + "_tiny", *flags, dictionary=DICTIONARY)
-    assert str(training.value) == ("--hc-streams is an option of --residual-scheme hyper_connections, but the model's "
-                                   "scheme is mhc: drop --hc-streams or use --residual-scheme hyper_connections")
+    assert str(training.value) == ("--hc-streams (model.hc_streams) is an option of --residual-scheme hyper_connections "
+                                   "(model.residual_scheme=hyper_connections), but the model's scheme is mhc: drop "
+                                   "--hc-streams or use --residual-scheme hyper_connections")
 
 
 def test_a_missing_checkpoint_path_is_named_with_the_checkpoints_beside_it(tmp_path, monkeypatch):
