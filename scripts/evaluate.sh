@@ -189,6 +189,15 @@ if [[ $NEWSTEST_AVERAGE == 1 ]]; then  # check every year's split and reference 
     NEWSTEST_JSON="${NEWSTEST_JSON%, }}}"
 fi
 
+if [[ $BENCHMARK == wmt14 ]]; then  # the raw reference, before anything is decoded
+    if [[ -z "$RAW_REF" ]]; then
+        year=2014; [[ $SUBSET == test1 ]] && year=2013
+        RAW_REF="$(dirname "$DATA")/raw/newstest$year.$TGT"
+    fi
+    [[ -f "$RAW_REF" ]] || die "raw reference $RAW_REF not found: sacreBLEU needs the detokenized" \
+        "reference (scripts/prepare-wmt14-en-de.sh writes OUT/raw/newstest2014.de); pass --raw-ref FILE"
+fi
+
 # ---- 1. checkpoint ---------------------------------------------------------------------------
 AVERAGE_LOG=""
 if (( AVERAGE > 0 )); then
@@ -206,6 +215,12 @@ else
     esac
 fi
 [[ -f "$CKPT" ]] || die "checkpoint $CKPT not found (did training finish? see $RUN_DIR/train.log)"
+if [[ $BENCHMARK != opus100 ]]; then  # a model of the other direction would translate the wrong way
+    TRAINED="$(tools checkpoint-langs "$CKPT")" || die "cannot read $CKPT"
+    [[ -z "$TRAINED" || "$TRAINED" == "$SRC $TGT" ]] || die "$CKPT was trained ${TRAINED/ /->}, but this" \
+        "evaluates $SRC->$TGT (--benchmark $BENCHMARK's direction): pass --source-lang ${TRAINED%% *}" \
+        "--target-lang ${TRAINED##* } (and the data of that direction), or evaluate a $SRC->$TGT model"
+fi
 
 count_sentences() {  # count_sentences PREFIX...: sentences of each binarized split, one line each
     tools count-sentences "$@" 2>/dev/null || true
@@ -216,11 +231,14 @@ GEN_COMMON=(--user-dir "$USER_DIR" --path "$CKPT" --gen-subset "$SUBSET"
     --batch-size "$BATCH_SIZE" --required-batch-size-multiple 1 "${REMOVE_BPE[@]}"
     "${CPU[@]+"${CPU[@]}"}")
 
-generate() {  # generate OUTFILE ARGS...: fairseq-generate, stdout to OUTFILE
+generate() {  # generate OUTFILE ARGS...: fairseq-generate, stdout to OUTFILE (written whole or not at all: a
+    # failed run leaves an earlier OUTFILE as it was)
     local out=$1; shift
     log "fairseq-generate -> $out"
     fairseq-generate "$DATA" "${GEN_COMMON[@]}" "$@" "${EXTRA[@]+"${EXTRA[@]}"}" \
-        > "$out" 2> "$out.log" || { tail -20 "$out.log" >&2; die "fairseq-generate failed (log: $out.log)"; }
+        > "$out.partial" 2> "$out.log" \
+        || { tail -20 "$out.log" >&2; rm -f "$out.partial"; die "fairseq-generate failed (log: $out.log)"; }
+    mv -f "$out.partial" "$out"
 }
 
 run_name="$(basename "$RUN_DIR")"
@@ -235,15 +253,7 @@ if [[ $BENCHMARK != opus100 ]]; then
     EXPECT="$(count_sentences "$DATA/$SUBSET.$SRC-$TGT.$SRC")"
     SCORE_ARGS=(--benchmark "$BENCHMARK" --generate "$GEN" --target-lang "$TGT")
     [[ -n "$EXPECT" ]] && SCORE_ARGS+=(--expect "$EXPECT")
-    if [[ $BENCHMARK == wmt14 ]]; then
-        if [[ -z "$RAW_REF" ]]; then
-            year=2014; [[ $SUBSET == test1 ]] && year=2013
-            RAW_REF="$(dirname "$DATA")/raw/newstest$year.$TGT"
-        fi
-        [[ -f "$RAW_REF" ]] || die "raw reference $RAW_REF not found: sacreBLEU needs the detokenized" \
-            "reference (scripts/prepare-wmt14-en-de.sh writes OUT/raw/newstest2014.de); pass --raw-ref FILE"
-        SCORE_ARGS+=(--raw-ref "$RAW_REF")
-    fi
+    [[ $BENCHMARK == wmt14 ]] && SCORE_ARGS+=(--raw-ref "$RAW_REF")
     if [[ $NEWSTEST_AVERAGE == 1 ]]; then
         YEAR_GENS=()
         for y in "${NEWSTEST_YEARS[@]}"; do

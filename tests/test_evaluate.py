@@ -84,6 +84,23 @@ def test_evaluate_iwslt14_tokenized_bleu(trained_run):
     assert result["generation"]["beam"] == 5 and result["generation"]["required_batch_size_multiple"] == 1
     assert result["checkpoint"]["path"].endswith("checkpoint_last.pt")
 
+    # what is refused loses nothing: the other direction, a WMT14 run without its raw reference (before any
+    # decoding), a fairseq-generate that fails (the earlier translations stay)
+    before = gen.read_text()
+    common = ["--run-dir", run_dir, "--data", data_bin, "--checkpoint", "last", "--cpu"]
+    for args, message in [
+            (["--benchmark", "iwslt14", "--source-lang", "tgt", "--target-lang", "src"],
+             "was trained src->tgt, but this evaluates tgt->src (--benchmark iwslt14's direction): pass "
+             "--source-lang src --target-lang tgt"),
+            (["--benchmark", "wmt14", "--source-lang", "src", "--target-lang", "tgt", "--raw-ref", run_dir / "nope"],
+             "raw reference"),
+            (["--benchmark", "iwslt14", "--source-lang", "src", "--target-lang", "tgt", "--extra", "--no-such-flag"],
+             "fairseq-generate failed")]:
+        proc = run_script([EVALUATE, *args, *common], check=False, timeout=300)
+        assert proc.returncode != 0 and message in proc.stdout, proc.stdout[-3000:]
+        assert ("fairseq-generate ->" in proc.stdout) == (message == "fairseq-generate failed"), proc.stdout[-3000:]
+        assert gen.read_text() == before and not (run_dir / "eval" / "generate-test.txt.partial").exists()
+
 
 @pytest.mark.slow
 def test_evaluate_wmt14_with_checkpoint_averaging_and_the_newstest_average(trained_run, tmp_path):

@@ -15,6 +15,8 @@
                                checkpoints), or empty when no checkpoint was averaged; NEWSTEST: the
                                newstest2010-2016 decoding settings (JSON, or null) and REFS their references
   speed-summary OUT DTYPE...   the goals summary of the speed benchmark's bench_<dtype>.json files
+  checkpoint-langs CKPT         the source and target language a checkpoint's task was trained with ("SRC TGT";
+                               empty when it does not say, e.g. a multilingual task)
   run-settings RUN_DIR OVERRIDE...
                                record the run's training settings (:func:`run_settings`) in RUN_DIR, or refuse
                                (exit status 1, the differences and the fix) when RUN_DIR holds a checkpoint of a
@@ -104,6 +106,22 @@ def eval_meta(bench, run_dir, name, ckpt, average_log, subset, beam, lenpen, a, 
     })
 
 
+def checkpoint_langs(path):
+    """``"SRC TGT"`` of the checkpoint's translation task (its saved ``cfg.task``, or the legacy ``args``), "" when
+    it names none. Loads with ``mmap``: the tensors are not read."""
+    import torch
+
+    import fairseq_residual  # noqa: F401  (the safe loader's allow-list of fairseq's checkpoint types)
+
+    state = torch.load(path, map_location="cpu", mmap=True)
+    cfg = state.get("cfg")
+    task = cfg.get("task") if isinstance(cfg, dict) else getattr(cfg, "task", None) if cfg is not None else None
+    task = task if task is not None else state.get("args")
+    get = task.get if isinstance(task, dict) else (lambda key, default=None: getattr(task, key, default))
+    src, tgt = get("source_lang", None), get("target_lang", None)
+    return f"{src} {tgt}" if src and tgt else ""
+
+
 #: the Hydra keys (prefixes) that define what a run trains: a run resumed with another value of one of them would
 #: be neither run; launch keys (paths, GPUs, logging, max_update, save intervals) may change between launches
 TRAINING_KEYS = ("model.", "optimizer.", "optimization.lr", "optimization.clip_norm", "lr_scheduler.", "criterion.",
@@ -180,6 +198,8 @@ def main(argv=None):
                 print()
     elif cmd == "eval-meta" and len(args) in (11, 13):
         print(eval_meta(*args))
+    elif cmd == "checkpoint-langs" and len(args) == 1:
+        print(checkpoint_langs(args[0]))
     elif cmd == "run-settings" and args:
         os.makedirs(args[0], exist_ok=True)
         why = check_run_settings(args[0], args[1:])
