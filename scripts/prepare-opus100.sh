@@ -113,7 +113,7 @@ fi
 prep fetch --archives "$ARCHIVES" --name "$ARCHIVE" --url "$URL" --dest "$ORIG" \
     --require "$INNER/" "${EXTRACT[@]}" "${OFFLINE[@]}"
 
-PAIR_LIST="$(prep opus-pairs --root "$ORIG/$INNER" --pairs "$PAIRS")"
+PAIR_LIST="$(prep opus-pairs --root "$ORIG/$INNER" --pairs "$PAIRS" --listing "$ORIG/.$ARCHIVE.listing")"
 mapfile -t PAIR_LINES <<< "$PAIR_LIST"
 LANGS=(en)
 SPM_INPUTS=()

@@ -610,6 +610,7 @@ def test_opus100_pair_selection_and_errors(tmp_path, run_script):
     log = run_script("prepare-opus100.sh", "--archives", archives, "--out", tmp_path / "o2",
                      "--pairs", "en-xh", expect_ok=False)
     assert "language pair(s) not in" in log and "en-xh" in log
+    assert "the archive holds: an de fr" in log  # not only the pairs extracted
 
     log = run_script("prepare-opus100.sh", "--archives", tmp_path / "empty", "--out",
                      tmp_path / "o3", expect_ok=False)
@@ -681,6 +682,16 @@ def test_fetch_downloads_when_online(tmp_path, prep_utils, capsys, monkeypatch):
 
     (archives / "de-en.tgz").unlink()
     url = "http://127.0.0.1:9/de-en.tgz"  # nothing listens there: fails at once
+    # without the archive, its files already extracted (in the destination, or in the archives folder) are used
+    assert prep_utils.main(argv + ["--url", url]) == 0
+    assert f"using its files already extracted in {dest}" in capsys.readouterr().err
+    shutil.move(dest / "de-en", archives / "de-en")
+    assert prep_utils.main(argv + ["--url", url]) == 0
+    assert f"using its files already extracted in {archives}" in capsys.readouterr().err
+    assert (dest / "de-en" / "a.txt").read_text() == "A\n"
+    shutil.rmtree(dest / "de-en")
+    shutil.rmtree(archives / "de-en")
     assert prep_utils.main(argv + ["--url", url]) == 2
     err = capsys.readouterr().err
     assert "archive 'de-en.tgz' not found" in err and "download failed" in err and url in err
+    assert f"(or extract it: de-en/a.txt and the other files it needs in {dest} or {archives})" in err

@@ -72,10 +72,37 @@ def _safe_target(dest, name):
     return target
 
 
+def _extracted_copy(args, archives):
+    """Where the archive's required files are already extracted (the ``--dest`` folder, else the ``--archives``
+    folder, whose files are then copied into ``--dest``), or None."""
+    require = [_norm_member(p) for p in args.require]
+    if not require or any(p.endswith("/") for p in require):
+        return None
+    for folder in (os.path.abspath(args.dest), archives):
+        if all(os.path.isfile(os.path.join(folder, p)) for p in require):
+            if folder != os.path.abspath(args.dest):
+                for p in require:
+                    target = _safe_target(args.dest, p)
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    shutil.copyfile(os.path.join(folder, p), target + ".part")
+                    os.replace(target + ".part", target)
+            return folder
+    return None
+
+
 def cmd_fetch(args):
     archives = os.path.abspath(args.archives)
     path = os.path.join(archives, args.name)
     if not os.path.isfile(path):
+        found = _extracted_copy(args, archives)
+        if found:
+            info(f"{args.name}: not in {archives}; using its files already extracted in {found}")
+            return
+        if args.require:
+            where = os.path.abspath(args.dest)
+            hint = (f"(or extract it: {_norm_member(args.require[0])} and the other files it needs in {where} or "
+                    f"{archives})")
+            args.hint = f"{args.hint} {hint}" if args.hint else hint
         if _offline(args):
             raise PrepError(_missing_message(args.name, archives, args.url,
                                              "offline mode: not downloading", args.hint))
@@ -132,6 +159,8 @@ def cmd_fetch(args):
         raise PrepError(f"archive '{path}' does not contain the expected file(s):\n{listing}\n"
                         f"  Is it the right archive? The recipe expects the one from {args.url}")
     info(f"{args.name}: extracted {extracted} file(s)")
+    with open(os.path.join(args.dest, f".{args.name}.listing"), "w", encoding="utf-8") as f:
+        f.write("".join(f"{n}\n" for n in sorted(seen)))  # what it holds, extracted or not
     with open(stamp, "w", encoding="utf-8") as f:
         f.write(stamp_key)
 
@@ -151,6 +180,21 @@ def _pair_lang(entry):
 
 def parse_pairs(text):
     return [_pair_lang(e) for e in re.split(r"[,\s]+", text or "") if e.strip()]
+
+
+def _archive_pairs(listing):
+    """The non-English languages of the pair folders (``.../en-xx/`` or ``.../xx-en/``) an archive's member list
+    names, sorted; None without a list."""
+    if not listing or not os.path.isfile(listing):
+        return None
+    langs = set()
+    with open(listing, encoding="utf-8") as f:
+        for name in f:
+            for part in name.strip().split("/")[:-1]:
+                pair = part.split("-")
+                if len(pair) == 2 and "en" in pair and pair[0] != pair[1] and all(p.isalpha() for p in pair):
+                    langs.add(pair[1] if pair[0] == "en" else pair[0])
+    return sorted(langs)
 
 
 def cmd_opus_pairs(args):
@@ -175,8 +219,11 @@ def cmd_opus_pairs(args):
     wanted = parse_pairs(args.pairs) if args.pairs else sorted(found)
     missing = [l for l in wanted if l not in found]
     if missing:
-        raise PrepError(f"language pair(s) not in {root}: {', '.join('en-' + l for l in missing)}"
-                        f"\n  available: {' '.join(sorted(found)) or '(none)'}")
+        available = f"\n  extracted: {' '.join(sorted(found)) or '(none)'}"
+        held = _archive_pairs(getattr(args, "listing", None))
+        if held is not None:
+            available = f"\n  the archive holds: {' '.join(held) or '(none)'}"
+        raise PrepError(f"language pair(s) not in {root}: {', '.join('en-' + l for l in missing)}{available}")
     if not wanted:
         raise PrepError(f"no OPUS-100 pair folders (opus.xx-en-train.xx ...) under {root}")
     for lang in dict.fromkeys(wanted):

@@ -120,6 +120,7 @@ def build_parser():
     s.add_argument("--pairs", default="", help="e.g. 'de,fr' or 'en-de de-en' (default: all)")
     s.add_argument("--langs-only", action="store_true",
                    help="only check --pairs and print its non-English languages")
+    s.add_argument("--listing", help="the archive's member list (fetch writes it), to name the pairs it holds")
     s.set_defaults(func=cmd_opus_pairs)
 
     s = sub.add_parser("spm-train", help="joint sentencepiece model on a per-language sample")
