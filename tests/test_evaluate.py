@@ -495,7 +495,7 @@ def test_collect_results_table_keeps_diverged_runs(tmp_path):
     resi = [36.0, 36.4]
     assert rows["ResiDual"][0] == (f"{statistics.mean(resi):.2f} ± {statistics.stdev(resi):.2f} "
                                    f"(n=2; 1/3 diverged)")
-    assert rows["ResiDual"][1] == "–"
+    assert rows["ResiDual"][1] == "incomplete (0/3)"  # a grid point of --seeds without any run
     assert rows["Pre-LN"] == ["incomplete", "34.90 (n=1; 2/3 incomplete)"]
     assert list(rows) == ["Post-LN", "Pre-LN", "ResiDual"]
     # arXiv 2304.14802's IWSLT14 numbers: Post-LN 35.37 / fail, Pre-LN 35.12 / 35.18, ResiDual 35.63 / 36.09
@@ -511,6 +511,10 @@ def test_collect_results_table_keeps_diverged_runs(tmp_path):
     assert "nan/inf loss" in text
     runs = json.loads((tmp_path / "runs.json").read_text())
     assert len(runs["iwslt14"]) == 10
+    # --depths 6: the 12+12 runs are neither in the tables nor in the list of runs left out
+    collect_results.main([str(tmp_path / "iwslt14"), "--depths", "6", "--out", str(md_file)])
+    text = md_file.read_text()
+    assert "post_ln-12L" not in text and "`resi_dual-6L-seed3`: diverged" in text
 
 
 def test_a_crash_reported_in_one_line_is_a_crash(tmp_path):

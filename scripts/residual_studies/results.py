@@ -140,8 +140,8 @@ def cell(runs, metric, expected_seeds=None):
         expected_seeds: seeds of the grid; seeds without a run directory count as incomplete
             (a cell without any run reads '–').
     """
-    if not runs:
-        return "–"  # not run
+    if not runs:  # not run: part of the grid when its seeds are given
+        return f"incomplete (0/{len(set(expected_seeds))})" if expected_seeds else "–"
     seeds = {r["seed"] for r in runs}
     total = max(len(runs), len(seeds | set(expected_seeds or ())))
     ok = ok_scores(runs, metric)
@@ -224,7 +224,8 @@ def report(by_bench, metrics=None, schemes=None, depths=None, seeds=None):
         runs = by_bench[bench]
         for metric in metrics or metric_names(runs) or ["(no results)"]:
             parts.append(table(bench, runs, metric, schemes, depths, seeds))
-        bad = [r for r in runs if r["status"] != "ok"]
+        bad = [r for r in runs if r["status"] != "ok" and (not schemes or r["scheme"] in schemes)
+               and (not depths or r["layers"] in depths) and (not seeds or r["seed"] in seeds)]
         if bad:
             parts.append(f"Runs of {bench} not in the means:\n")
             for r in sorted(bad, key=lambda r: (r["scheme"], r["layers"], r["seed"])):
