@@ -241,6 +241,8 @@ case "$LAUNCHER" in
     torchrun)
         if (( NODES > 1 )) && [[ -z "$MASTER" ]]; then
             [[ $DRY_RUN == 1 ]] || die "--launcher torchrun with --nodes $NODES needs --master-addr HOST[:PORT] (the first node)"
+            log "no --master-addr: the commands below read \$MASTER_ADDR, which must name the first node on" \
+                "every node (a real run needs --master-addr)"
             MASTER='$MASTER_ADDR:29500'
         fi
         [[ -z "$MASTER" || "$MASTER" == *:* ]] || MASTER="$MASTER:29500"

@@ -122,6 +122,12 @@ def test_dry_run_prints_the_whole_grid_torchrun(tmp_path):
     assert len(dirs) == 12
 
 
+def test_a_two_node_dry_run_without_master_addr_says_what_its_placeholder_needs():
+    out = dry_run("--benchmark", "wmt14", "--launcher", "torchrun", "--nodes", "2", "--gpus-per-node", "4").stdout
+    assert '--rdzv_endpoint "$MASTER_ADDR:29500"' in out
+    assert "no --master-addr: the commands below read $MASTER_ADDR, which must name the first node" in out
+
+
 def test_dry_run_slurm_prints_sbatch_scripts(tmp_path):
     data = tmp_path / "bin"
     data.mkdir()
