@@ -9,7 +9,10 @@ fairseq's ``models/wav2vec/wav2vec2_classification.py`` calls ``logging.basicCon
 fairseq's models are imported, so fairseq-generate (which configures logging after that import) logs at DEBUG:
 the root logger is set back to fairseq's ``LOGLEVEL`` (default INFO) in those tools.
 
-Only those six messages, matched from their start, and only in the tools :func:`.user_errors.tool_name` names
+torch's deprecation of ``torch.cuda.amp.autocast``, which fairseq's training step calls, is silenced in every
+fairseq tool, fairseq-hydra-train included.
+
+Only those messages, matched from their start, and only in the tools :func:`.user_errors.tool_name` names
 (``fairseq-hydra-train`` is left alone: there the package-header warning may be about the user's own config
 files); every other warning, Hydra's included, is printed as before. ``PYTHONWARNINGS`` and ``-W`` options set
 before still apply to everything else.
@@ -18,7 +21,7 @@ import logging
 import os
 import warnings
 
-from .user_errors import running_tool
+from .user_errors import in_hydra_train, running_tool
 
 #: the start of each silenced message (``warnings.filterwarnings`` matches a message's start, ignoring case)
 FAIRSEQ_HYDRA_DEPRECATIONS = (
@@ -31,10 +34,21 @@ FAIRSEQ_HYDRA_DEPRECATIONS = (
 )
 
 
+#: deprecation warnings about fairseq 0.12's own calls into torch, silenced in every fairseq tool (the training
+#: step's ``torch.cuda.amp.autocast(...)`` in ``fairseq/tasks/fairseq_task.py``, once per run)
+FAIRSEQ_TORCH_DEPRECATIONS = (r"\s*`torch\.cuda\.amp\.autocast\(args\.\.\.\)` is deprecated",)
+
+
 def install() -> None:
-    """Silence :data:`FAIRSEQ_HYDRA_DEPRECATIONS` and set the root logger from DEBUG back to fairseq's ``LOGLEVEL``
-    (its tools' own default, INFO) in fairseq's command-line tools; a no-op elsewhere."""
-    if running_tool() is None:
+    """Silence :data:`FAIRSEQ_TORCH_DEPRECATIONS` in fairseq's command-line tools and fairseq-hydra-train, and
+    :data:`FAIRSEQ_HYDRA_DEPRECATIONS` and set the root logger from DEBUG back to fairseq's ``LOGLEVEL`` (its tools'
+    own default, INFO) in the tools but fairseq-hydra-train; a no-op elsewhere."""
+    tool = running_tool()
+    if tool is None and not in_hydra_train():
+        return
+    for message in FAIRSEQ_TORCH_DEPRECATIONS:
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+    if tool is None:  # fairseq-hydra-train: Hydra's warnings may be about the user's own config files
         return
     for message in FAIRSEQ_HYDRA_DEPRECATIONS:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)

@@ -497,7 +497,8 @@ def test_a_spawned_workers_error_is_one_message(monkeypatch):
 def test_hydra_deprecations_about_fairseqs_code_are_silenced_in_its_tools(argv0, quiet, monkeypatch):
     """In fairseq's tools the six deprecation warnings Hydra prints about fairseq 0.12's own use of its API are
     silenced (another warning is not), and the DEBUG level a fairseq model module sets on import goes back to
-    INFO; other programs and fairseq-hydra-train keep both."""
+    INFO; other programs and fairseq-hydra-train keep both. torch's autocast deprecation, about fairseq's training
+    step, is silenced in every fairseq tool, fairseq-hydra-train included."""
     import logging
     import warnings
 
@@ -512,6 +513,8 @@ def test_hydra_deprecations_about_fairseqs_code_are_silenced_in_its_tools(argv0,
                 "\n'config' is validated against ConfigStore schema with the same name.\nThis behavior is deprecated",
                 "\nThe strict flag in the compose API is deprecated.\nSee https://hydra.cc"]
     other = "In 'my_config': the defaults list is missing _self_"
+    autocast = ("`torch.cuda.amp.autocast(args...)` is deprecated. Please use `torch.amp.autocast('cuda', args...)` "
+                "instead.")
     level = logging.root.level
     try:
         logging.root.setLevel(logging.DEBUG)
@@ -520,7 +523,10 @@ def test_hydra_deprecations_about_fairseqs_code_are_silenced_in_its_tools(argv0,
             tool_output.install()
             for message in [*fairseqs, other]:
                 warnings.warn(message, UserWarning)
-        assert [str(w.message) for w in shown] == ([other] if quiet else [*fairseqs, other])
+            warnings.warn(autocast, FutureWarning)
+        fairseq_tool = argv0 != "/usr/bin/ipython"
+        assert [str(w.message) for w in shown] == ([other] if quiet else [*fairseqs, other]) + (
+            [] if fairseq_tool else [autocast])
         assert logging.root.level == (logging.INFO if quiet else logging.DEBUG)
     finally:
         logging.root.setLevel(level)
