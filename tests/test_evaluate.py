@@ -511,6 +511,12 @@ def test_collect_results_table_keeps_diverged_runs(tmp_path):
     assert "nan/inf loss" in text
     runs = json.loads((tmp_path / "runs.json").read_text())
     assert len(runs["iwslt14"]) == 10
+    # beside the paper's warm-up ablation instead: Post-LN fail / fail, Pre-LN 32.28 / 31.82, ResiDual 35.76 / 35.57
+    collect_results.main([str(tmp_path / "iwslt14"), "--seeds", "1,2,3", "--paper-table", "no_warmup",
+                          "--out", str(md_file)])
+    text = md_file.read_text()
+    assert "Its table without warm-up" in text
+    assert "| Pre-LN | incomplete | 32.28 | – | 34.90 (n=1; 2/3 incomplete) | 31.82 | +3.08 |" in text
     # --depths 6: the 12+12 runs are neither in the tables nor in the list of runs left out
     collect_results.main([str(tmp_path / "iwslt14"), "--depths", "6", "--out", str(md_file)])
     text = md_file.read_text()

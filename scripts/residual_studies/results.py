@@ -27,7 +27,7 @@ Usage::
 
     python scripts/collect_results.py runs/iwslt14 [runs/wmt14 ...] [--metric tokenized_bleu]
         [--schemes post_ln,pre_ln,resi_dual --depths 6,12 --seeds 1,2,3] [--out table.md]
-        [--json runs.json]
+        [--json runs.json] [--paper-table no_warmup]
 """
 import argparse
 import json
@@ -37,6 +37,7 @@ import statistics
 import sys
 
 from fairseq_residual.paper_results import FAIL, describe, paper_bleu
+from fairseq_residual.paper_results import load as paper_data
 
 from .commands import parse_run_name
 from .divergence import run_dir_divergence, run_dir_failure
@@ -120,9 +121,10 @@ def ok_scores(runs, metric):
             and math.isfinite(r["metrics"][metric]["score"])]
 
 
-def paper_cells(bench, scheme, layers, scores, direction=None):
-    """The paper's number for (bench, scheme, layers[, direction]) and the difference of the mean of ``scores``."""
-    paper = paper_bleu(bench, scheme, layers, direction=direction)
+def paper_cells(bench, scheme, layers, scores, direction=None, warmup=True):
+    """The paper's number for (bench, scheme, layers[, direction]; ``warmup`` False: its no-warm-up table) and the
+    difference of the mean of ``scores``."""
+    paper = paper_bleu(bench, scheme, layers, warmup=warmup, direction=direction)
     if paper is None:
         return "–", "–"
     if paper == FAIL:
@@ -179,8 +181,9 @@ def metric_names(runs):
     return names
 
 
-def table(bench, runs, metric, schemes=None, depths=None, seeds=None):
-    """Markdown table for one benchmark and metric: rows schemes, columns depths."""
+def table(bench, runs, metric, schemes=None, depths=None, seeds=None, warmup=True):
+    """Markdown table for one benchmark and metric: rows schemes, columns depths; ``warmup`` False: beside the
+    paper's warm-up ablation (IWSLT14 without warm-up) instead of its main table."""
     schemes = schemes or sorted({r["scheme"] for r in runs},
                                 key=lambda s: (SCHEME_ORDER.index(s) if s in SCHEME_ORDER else 99, s))
     depths = depths or sorted({r["layers"] for r in runs})
@@ -196,8 +199,12 @@ def table(bench, runs, metric, schemes=None, depths=None, seeds=None):
     comparable = PAPER_METRICS.get(bench, {})
     paper = describe(bench) if metric in comparable else None
     direction = comparable.get(metric)
+    if paper and not warmup and not paper_data()["benchmarks"].get(bench, {}).get("no_warmup"):
+        paper = None
+        lines.append(f"No paper column: the paper has no table without warm-up for {bench}.")
     if paper:
         lines.append(paper + (f" Read against its {direction} column." if direction else "")
+                     + (" Its table without warm-up (the warm-up ablation)." if not warmup else "")
                      + " Δ = the mean of your runs − the paper's number.")
     elif comparable:
         lines.append(f"No paper column: the paper's numbers are comparable with {', '.join(comparable)} only.")
@@ -211,19 +218,19 @@ def table(bench, runs, metric, schemes=None, depths=None, seeds=None):
             here = [r for r in runs if r["scheme"] == s and r["layers"] == n]
             row.append(cell(here, metric, seeds))
             if paper:
-                row.extend(paper_cells(bench, s, n, ok_scores(here, metric), direction))
+                row.extend(paper_cells(bench, s, n, ok_scores(here, metric), direction, warmup))
         lines.append(f"| {SCHEME_LABEL.get(s, s)} | " + " | ".join(row) + " |")
     lines.append("")
     return "\n".join(lines)
 
 
-def report(by_bench, metrics=None, schemes=None, depths=None, seeds=None):
-    """All tables, then the list of diverged and incomplete runs."""
+def report(by_bench, metrics=None, schemes=None, depths=None, seeds=None, warmup=True):
+    """All tables, then the list of failed, diverged and incomplete runs."""
     parts = []
     for bench in sorted(by_bench):
         runs = by_bench[bench]
         for metric in metrics or metric_names(runs) or ["(no results)"]:
-            parts.append(table(bench, runs, metric, schemes, depths, seeds))
+            parts.append(table(bench, runs, metric, schemes, depths, seeds, warmup))
         bad = [r for r in runs if r["status"] != "ok" and (not schemes or r["scheme"] in schemes)
                and (not depths or r["layers"] in depths) and (not seeds or r["seed"] in seeds)]
         if bad:
@@ -248,6 +255,9 @@ def main(argv=None):
     parser.add_argument("--schemes", help="rows, comma separated (default: those found)")
     parser.add_argument("--depths", help="columns, comma separated (default: those found)")
     parser.add_argument("--seeds", help="the grid's seeds: missing ones count as incomplete")
+    parser.add_argument("--paper-table", choices=["main", "no_warmup"], default="main",
+                        help="the paper's numbers to show: its main tables, or its IWSLT14 warm-up ablation "
+                             "(runs trained with --extra lr_scheduler.warmup_updates=1)")
     parser.add_argument("--out", help="write the Markdown here (default: stdout)")
     parser.add_argument("--json", help="also write every run's status and metrics here")
     args = parser.parse_args(argv)
@@ -256,7 +266,7 @@ def main(argv=None):
     if not by_bench:
         sys.exit(f"collect_results.py: error: no run directories (<scheme>-<N>L-seed<K>) under {args.roots}")
     text = report(by_bench, args.metric, _csv(args.schemes), _csv(args.depths, int),
-                  _csv(args.seeds, int))
+                  _csv(args.seeds, int), warmup=args.paper_table == "main")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text + "\n")
