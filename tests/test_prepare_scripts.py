@@ -695,3 +695,13 @@ def test_fetch_downloads_when_online(tmp_path, prep_utils, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "archive 'de-en.tgz' not found" in err and "download failed" in err and url in err
     assert f"(or extract it: de-en/a.txt and the other files it needs in {dest} or {archives})" in err
+    # a required folder (OPUS-100's tree) counts when it is extracted in the destination, not empty
+    folder = ["fetch", "--archives", str(archives), "--name", "de-en.tgz", "--dest", str(dest), "--require", "de-en/",
+              "--url", url]
+    assert prep_utils.main(folder) == 2
+    assert f"(or extract it into {dest}: its de-en/ there)" in capsys.readouterr().err
+    (dest / "de-en").mkdir(parents=True)
+    assert prep_utils.main(folder) == 2  # empty
+    (dest / "de-en" / "a.txt").write_text("A\n")
+    assert prep_utils.main(folder) == 0
+    assert f"using its files already extracted in {dest}" in capsys.readouterr().err

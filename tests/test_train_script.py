@@ -268,10 +268,10 @@ def test_a_runs_training_settings_are_recorded_and_other_ones_refused(tmp_path):
               "optimization.max_update=100", "optimization.lr=[0.001]"]
     assert run_settings(launch) == {"common.seed": "1", "model.residual_scheme": "pre_ln",
                                     "optimization.lr": "[0.001]", "tokens per update": "65536"}
-    # 4 GPUs x update_freq 4 is the same batch; a longer run and other paths are the same run
+    # 4 GPUs x update_freq 4 is the same batch; a longer run, other paths, another loss-scaler start: the same run
     same = [o.replace("[2]", "[4]").replace("=8", "=4").replace("=100", "=200").replace("/runs/x", "/b")
             for o in launch]
-    assert run_settings(same) == run_settings(launch)
+    assert run_settings(same + ["common.fp16_init_scale=8"]) == run_settings(launch)  # the scaler's start: restored
     assert check_run_settings(str(tmp_path), launch) is None
     (tmp_path / "checkpoint_last.pt").write_bytes(b"x")
     assert check_run_settings(str(tmp_path), same) is None

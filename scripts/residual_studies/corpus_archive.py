@@ -73,14 +73,19 @@ def _safe_target(dest, name):
 
 
 def _extracted_copy(args, archives):
-    """Where the archive's required files are already extracted (the ``--dest`` folder, else the ``--archives``
-    folder, whose files are then copied into ``--dest``), or None."""
+    """Where the archive's required members are already extracted, or None: the ``--dest`` folder, else the
+    ``--archives`` folder, whose required files are then copied into ``--dest`` (a required folder, ``x/``, counts
+    when it exists and is not empty, in ``--dest`` only: a tree is not copied)."""
     require = [_norm_member(p) for p in args.require]
-    if not require or any(p.endswith("/") for p in require):
+    if not require:
         return None
-    for folder in (os.path.abspath(args.dest), archives):
-        if all(os.path.isfile(os.path.join(folder, p)) for p in require):
-            if folder != os.path.abspath(args.dest):
+    dest = os.path.abspath(args.dest)
+    for folder in (dest, archives):
+        if folder != dest and any(p.endswith("/") for p in require):
+            continue
+        if all(os.path.isdir(os.path.join(folder, p)) and os.listdir(os.path.join(folder, p)) if p.endswith("/")
+               else os.path.isfile(os.path.join(folder, p)) for p in require):
+            if folder != dest:
                 for p in require:
                     target = _safe_target(args.dest, p)
                     os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -99,9 +104,10 @@ def cmd_fetch(args):
             info(f"{args.name}: not in {archives}; using its files already extracted in {found}")
             return
         if args.require:
-            where = os.path.abspath(args.dest)
-            hint = (f"(or extract it: {_norm_member(args.require[0])} and the other files it needs in {where} or "
-                    f"{archives})")
+            where, first = os.path.abspath(args.dest), _norm_member(args.require[0])
+            hint = (f"(or extract it into {where}: its {first} there)" if any(
+                _norm_member(p).endswith("/") for p in args.require) else
+                f"(or extract it: {first} and the other files it needs in {where} or {archives})")
             args.hint = f"{args.hint} {hint}" if args.hint else hint
         if _offline(args):
             raise PrepError(_missing_message(args.name, archives, args.url,

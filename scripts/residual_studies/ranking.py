@@ -710,9 +710,9 @@ def write(out, results, condition, lr_by_row=None, note="", selection=None, prog
 
 
 def _rate(lr) -> str:
-    """``0.004`` -> ``4e-3``."""
-    mantissa, exponent = f"{lr:.0e}".split("e")
-    return f"{mantissa}e{int(exponent)}"
+    """``0.004`` -> ``4e-3``, ``0.0015`` -> ``1.5e-3`` (every significant digit kept)."""
+    mantissa, exponent = f"{lr:.6e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
 def readme_table(data, baseline=BASELINE):

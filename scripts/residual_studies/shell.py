@@ -122,11 +122,12 @@ def checkpoint_langs(path):
     return f"{src} {tgt}" if src and tgt else ""
 
 
-#: the Hydra keys (prefixes) that define what a run trains: a run resumed with another value of one of them would
-#: be neither run; launch keys (paths, GPUs, logging, max_update, save intervals) may change between launches
-TRAINING_KEYS = ("model.", "optimizer.", "optimization.lr", "optimization.clip_norm", "lr_scheduler.", "criterion.",
-                 "common.seed", "common.fp16", "common.bf16", "common.amp", "common.memory_efficient_fp16",
-                 "common.memory_efficient_bf16", "task.source_lang", "task.target_lang")
+#: the Hydra keys that define what a run trains (a prefix ending in '.' takes a group, one ending in '=' one key):
+#: a run resumed with another value of one of them would be neither run; launch keys (paths, GPUs, logging,
+#: max_update, save intervals) and the loss scaler's start (restored from the checkpoint) may change
+TRAINING_KEYS = ("model.", "optimizer.", "optimization.lr=", "optimization.clip_norm=", "lr_scheduler.", "criterion.",
+                 "common.seed=", "common.fp16=", "common.bf16=", "common.amp=", "common.memory_efficient_fp16=",
+                 "common.memory_efficient_bf16=", "task.source_lang=", "task.target_lang=")
 RUN_SETTINGS = "run_settings.json"
 
 
@@ -140,7 +141,7 @@ def run_settings(overrides):
         key, sep, value = o.lstrip("+").partition("=")
         if sep:
             given[key] = value
-    out = {k: v for k, v in given.items() if k.startswith(TRAINING_KEYS)}
+    out = {k: v for k, v in given.items() if (k + "=").startswith(TRAINING_KEYS)}
     try:
         tokens = (int(given["dataset.max_tokens"]) * int(given.get("optimization.update_freq", "[1]").strip("[]"))
                   * int(given.get("distributed_training.distributed_world_size", "1")))
@@ -156,9 +157,11 @@ def check_run_settings(run_dir, overrides):
     path = os.path.join(run_dir, RUN_SETTINGS)
     now = run_settings(overrides)
     before = None
-    if os.path.exists(path):
+    try:
         with open(path, encoding="utf-8") as f:
             before = json.load(f)
+    except FileNotFoundError:
+        pass
     resumable = any(n.startswith("checkpoint") and n.endswith(".pt") for n in os.listdir(run_dir))
     if before is not None and before != now and resumable:
         changed = [f"{k}: {before.get(k, '(not set)')} -> {now.get(k, '(not set)')}"
@@ -166,10 +169,11 @@ def check_run_settings(run_dir, overrides):
         return (f"{run_dir} holds a run started with other training settings ({'; '.join(changed)}): starting would "
                 f"resume that run with these. Resume it with its own settings, or train these in a folder of their "
                 f"own (another --save-root)")
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
+    tmp = f"{path}.{os.getpid()}.tmp"  # one per process: every node of a multi-node run writes it
+    with open(tmp, "w", encoding="utf-8") as f:
         json.dump(now, f, indent=1, sort_keys=True)
         f.write("\n")
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
     return None
 
 
