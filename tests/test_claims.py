@@ -72,6 +72,13 @@ def test_t95_refuses_bad_degrees_of_freedom(df):
         stats.t95(df)
 
 
+def test_mean_and_sd_text_never_prints_a_vanishing_mean_as_zero():
+    assert stats.ms_text([5.20, 5.24, 5.16]) == "5.20 ± 0.04"
+    assert stats.ms_text([2.8e-6, 4.4e-6]) == "3.6e-06 ± 1.1e-06"  # Post-LN's decoder gradient ratio, not 0.00
+    assert stats.ms_text([0.0, 0.0]) == "0.00 ± 0.00" and stats.ms_text([0.004], 3) == "0.004"
+    assert stats.ms_text([]) == "-"
+
+
 def test_verdict_uses_t_beyond_ten_seeds():
     # eleven differences whose mean is 2.1 standard errors above zero: inside t(10)'s 2.228, outside 1.96
     z = [-1.5, -1.2, -0.9, -0.6, -0.3, 0.0, 0.3, 0.6, 0.9, 1.2, 1.5]
@@ -326,9 +333,16 @@ def test_a_tiny_real_run_killed_resumes_trains_translates_analyses_skips_and_con
 
     # the learning curve of the same cell, trained from scratch without a kill: a checkpoint every 10
     # updates, each scored; at 30 updates, the killed and resumed cell's model
-    study_in_process(capsys, *base, "--out", out, "--conditions", "warm6", "--updates", "30",
-                     "--learning-curve", "--curve-every", "10")
+    curve_args = [*base, "--out", out, "--conditions", "warm6", "--updates", "30", "--learning-curve",
+                  "--curve-every", "10"]
+    before = sorted(os.listdir(out / "cells"))
+    dry = study_in_process(capsys, *curve_args, "--dry-run")  # names the cell, trains nothing
+    assert sorted(os.listdir(out / "cells")) == before
+    assert learning_curve.main(claims.parse_args([str(a) for a in curve_args + ["--report-only"]])) != 0
+    assert "--report-only does not apply to --learning-curve" in capsys.readouterr().err
+    study_in_process(capsys, *curve_args)
     (curve,) = json.loads((out / "learning_curve.json").read_text())["curves"]
+    assert f"a checkpoint every 10: {out / 'cells' / curve['cell']}" in dry
     assert [p["updates"] for p in curve["points"]] == [10, 20, 30]
     assert all(p["bleu"] is not None and p["valid_nll"] is not None for p in curve["points"])
     assert curve["cell"] != cell["cell"]

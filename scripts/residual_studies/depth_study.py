@@ -179,7 +179,8 @@ def build_parser():
                "2000 --warmup 400 --width 128 --jobs 8 on a bigger machine")
     p.add_argument("--depths", type=grid.int_list, default=list(DEFAULT_DEPTHS),
                    help="layers per stack, comma-separated (default: 6,12,24,48)")
-    p.add_argument("--seed", type=options.nonnegative_int, default=1)
+    p.add_argument("--seed", type=options.nonnegative_int, default=1,
+                   help="the seed of every cell (fairseq's --seed; one seed: the claims study runs several)")
     grid.add_cell_arguments(p, out=DEFAULT_OUT, study_options=STUDY_OPTIONS)
     return p
 

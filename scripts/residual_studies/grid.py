@@ -63,7 +63,9 @@ def add_cell_arguments(p, out, study_options, updates=300, max_tokens=4096, warm
     p.add_argument("--extra-train-args", default="", help="more fairseq-train options (one string)")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: rebuild the report and the plot from finished cells")
-    p.add_argument("--dry-run", action="store_true", help="print the cells and their commands only")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print every cell's folder (the depth study: with its fairseq-train command) and train "
+                        "nothing; the data the cells are named by is prepared first (seconds, under --out)")
 
 
 def start(args, log):

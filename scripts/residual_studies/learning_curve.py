@@ -231,9 +231,19 @@ def study(args):
     """
     if not 0 < args.curve_every <= args.updates:
         raise ToolError(f"--curve-every {args.curve_every} must be between 1 and --updates {args.updates}")
+    if args.report_only:  # its report scores every checkpoint of a curve: that is the run, not a report of one
+        raise ToolError("--report-only does not apply to --learning-curve: run the same command without it "
+                        "(finished cells are not trained again, scored checkpoints not scored again)")
     t0 = time.time()
     data = grid.start(args, log)
     schemes = [s for s in ORDER if s in args.schemes]
+    if args.dry_run:
+        for scheme in schemes:
+            ns, depth = cell_args(args, args.conditions[0], args.seeds[0], scheme)
+            ns.save_every = args.curve_every
+            print(f"{scheme} learning curve, {args.updates} updates, a checkpoint every {args.curve_every}: "
+                  f"{cell.folder(args.out, cell.settings(ns, scheme, depth, data))}")
+        return 0
     log(f"{len(schemes)} learning curve(s): {','.join(schemes)}, {args.updates} updates, a checkpoint every "
         f"{args.curve_every}, {args.jobs} job(s)")
     curves = grid.run(lambda s: run_scheme(args, data, s), schemes, args.jobs)

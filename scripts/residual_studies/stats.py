@@ -54,8 +54,12 @@ def verdict(diffs, claimed_sign):
 
 
 def ms_text(values, digits=2):
-    """``mean ± sd`` of the values with ``digits`` decimals (the mean alone for one value, ``-`` for none)."""
+    """``mean ± sd`` of the values with ``digits`` decimals (the mean alone for one value, ``-`` for none); a
+    non-zero mean that would print as zero with two significant digits instead (``3.6e-06 ± 1.2e-06``: a vanishing
+    gradient ratio is not 0.00)."""
     m, sd, _ = mean_sd(values)
     if m is None:
         return "-"
+    if m != 0 and abs(m) < 0.5 * 10 ** -digits:
+        return f"{m:.1e} ± {sd:.1e}" if sd is not None else f"{m:.1e}"
     return f"{m:.{digits}f} ± {sd:.{digits}f}" if sd is not None else f"{m:.{digits}f}"
