@@ -65,6 +65,10 @@ class TruncatedCheckpointError(UserInputError, RuntimeError):
     """A checkpoint file is incomplete (cut short while it was written), so it cannot be loaded."""
 
 
+class NotACheckpointError(UserInputError, ValueError):
+    """A file given as a checkpoint is no file ``torch.save`` wrote (a JSON file, a log, text)."""
+
+
 class ForeignCheckpointError(UserInputError, ValueError):
     """The save dir's ``checkpoint_last.pt`` is of another model (another residual scheme, ``--norm`` or tensor
     shapes) and no checkpoint of this run is beside it: resuming would load it and fail."""
@@ -435,14 +439,21 @@ def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
     Raises:
         TruncatedCheckpointError: ``path`` is a local file cut short (not a complete zip archive) and
             ``torch.load`` failed on it; the message lists the complete checkpoints beside it.
+        NotACheckpointError: ``path`` is neither a zip archive nor a legacy pickle (a JSON file, text).
     """
     try:
         return _stock_load_checkpoint_to_cpu(path, arg_overrides, load_on_all_ranks)
     except (EOFError, OSError, RuntimeError, ValueError, pickle.UnpicklingError) as exc:
-        if isinstance(exc, TruncatedCheckpointError) or PathManager.path_requires_pathmanager(path):
+        if isinstance(exc, UserInputError) or PathManager.path_requires_pathmanager(path):
             raise
         if not os.path.isfile(path) or is_complete_checkpoint(path):
             raise
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head and not head.startswith(b"PK") and not head.startswith(b"\x80"):  # neither zip nor legacy pickle
+            raise NotACheckpointError(
+                f"{path} is not a checkpoint: not a file torch.save wrote (it begins with {head!r}); pass a "
+                f"checkpoint fairseq-train wrote") from exc
         raise TruncatedCheckpointError(_truncated_message(path, "load another one")) from exc
 
 

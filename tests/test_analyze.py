@@ -507,7 +507,17 @@ def test_bad_input_messages(trained, data, tmp_path, capsys):
         ([str(tmp_path / "no_such_dir")] + fresh,
          ["data directory not found", "no_such_dir", "fairseq-preprocess"]),
         ([data, "--subset", "dev"] + fresh, ["subset 'dev' not found", "--validpref"]),
+        ([data, "--checkpoint", trained[0], "--batchs", "2", "--output-dir", str(tmp_path)],
+         ["unknown option --batchs (did you mean --batches?)"]),
+        ([data, "--checkpoint", str(tmp_path / "result.json"), "--output-dir", str(tmp_path)],
+         ["result.json is not a checkpoint: not a file torch.save wrote (it begins with b'{\"ce'"]),
+        ([data, "--checkpoint", str(tmp_path / "weights.pt"), "--output-dir", str(tmp_path)],
+         ["weights.pt is a PyTorch file but not a fairseq checkpoint"]),
+        ([data, "--checkpoint", os.path.dirname(trained[0]), "--output-dir", str(tmp_path)],
+         ["is a folder, not a checkpoint: it holds", "pass one of them"]),
     ]
+    (tmp_path / "result.json").write_text('{"cell": "x"}\n')
+    torch.save({"w": torch.zeros(2)}, tmp_path / "weights.pt")
     for argv, phrases in cases:
         capsys.readouterr()
         assert main(argv) == 2, argv

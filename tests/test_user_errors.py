@@ -291,6 +291,12 @@ def test_a_checkpoint_of_other_shapes_is_refused_naming_the_tensors():
                                            r"\(2, 3\) in the checkpoint, \(3, 4\) in this model; .* \(\d+ tensors\)\. "
                                            r".*drop the keys that change shapes .* from --model-overrides"):
         three.load_state_dict(two.state_dict())
+    # the same model on data of another dictionary: named as such, not as a setting
+    other, _, _ = build_model(MODEL_NAME, *small, "--hc-streams", 2, dictionary=make_dictionary(30))
+    with pytest.raises(SettingError, match=r"^the checkpoint's dictionary is not the data's: encoder's embedding has "
+                                           r"44 rows in the checkpoint, 34 with the dictionaries of this data "
+                                           r"directory\. Pass the data directory"):
+        other.load_state_dict(two.state_dict())
     twin, _, _ = build_model(MODEL_NAME, *small, "--hc-streams", 2, dictionary=DICTIONARY)
     twin.load_state_dict(two.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(), two.state_dict().values()))

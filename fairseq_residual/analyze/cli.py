@@ -70,7 +70,13 @@ def build_parser():
     return p
 
 
-def _check_args(args, extra):
+def _check_args(args, extra, own_options=()):
+    import difflib
+
+    for option in extra:  # a typo of this tool's own option, before anything else is said about it
+        close = difflib.get_close_matches(option.split("=")[0], own_options, n=1, cutoff=0.8)
+        if option.startswith("--") and close:
+            raise AnalyzeError(f"unknown option {option.split('=')[0]} (did you mean {close[0]}?)")
     if args.batches < 1:
         raise AnalyzeError(f"--batches must be >= 1, got {args.batches}")
     if args.max_tokens is not None and args.max_tokens < 1:
@@ -103,7 +109,8 @@ def run(args, extra=(), argv=None):
     """Analyse every requested model; write ``analysis.json`` and the plots; return the report."""
     from fairseq import utils
 
-    _check_args(args, extra)
+    own = [o for action in build_parser()._actions for o in action.option_strings if o.startswith("--")]
+    _check_args(args, extra, own)
     src, tgt = check_data(args.data, args.subset, args.source_lang, args.target_lang)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     models = []  # (source, path or scheme); built one at a time to keep memory low

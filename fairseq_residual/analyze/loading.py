@@ -7,6 +7,7 @@ import torch
 
 from ..schemes import SCHEME_NAMES as SCHEMES
 from ..schemes import scheme_by_id
+from ..user_errors import UserInputError
 from .common import ALL, PKG_DIR, POST_LN, PRE_LN, STACKS, AnalyzeError
 
 # ---------------------------------------------------------------------------------------------
@@ -153,6 +154,15 @@ def load_checkpoint_model(path, data, scheme=None):
     from omegaconf import open_dict
 
     _import_plugin()
+    if os.path.isdir(path):
+        from ..checkpoint_safety import checkpoints_in
+
+        found = [os.path.basename(p) for p in checkpoints_in(path)]
+        raise AnalyzeError(
+            f"--checkpoint {path} is a folder, not a checkpoint: "
+            + (f"it holds {', '.join(found[:6])} (newest first); pass one of them, e.g. "
+               f"{os.path.join(path, 'checkpoint_best.pt' if 'checkpoint_best.pt' in found else found[0])}"
+               if found else "it holds no complete checkpoint; pass a checkpoint file written by fairseq-train"))
     if not os.path.isfile(path):
         raise AnalyzeError(
             f"checkpoint not found: {path}: pass a checkpoint written by fairseq-train (e.g. "
@@ -161,6 +171,11 @@ def load_checkpoint_model(path, data, scheme=None):
         )
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(path)
+    except UserInputError as exc:  # the plugin's own reading of the file (truncated, not a PyTorch file)
+        raise AnalyzeError(str(exc))
+    except KeyError as exc:  # fairseq's upgrade of a checkpoint's fields: a PyTorch file of something else
+        raise AnalyzeError(f"{path} is a PyTorch file but not a fairseq checkpoint (it has no {exc}): pass a "
+                           f"checkpoint written by fairseq-train")
     except Exception as exc:  # torch / pickle raise many types for a file that is not a checkpoint
         raise AnalyzeError(
             f"cannot read checkpoint {path} ({type(exc).__name__}: {exc}): pass a checkpoint file "
@@ -182,6 +197,8 @@ def load_checkpoint_model(path, data, scheme=None):
     model = task.build_model(cfg.model)
     try:
         model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
+    except UserInputError as exc:  # the plugin's check: shapes (a dictionary not the data's), scheme, norm
+        raise AnalyzeError(f"checkpoint {path} does not fit the data in {data}: {exc}")
     except RuntimeError as exc:
         raise AnalyzeError(
             f"checkpoint {path} does not fit the data in {data} ({str(exc).splitlines()[0]} ...): "
