@@ -105,7 +105,18 @@ def build_fresh_model(argv, seed=1):
 
     _import_plugin()
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, argv)
+
+    def refuse(message):  # argparse's error: one line, not fairseq-train's 200-line usage first
+        raise AnalyzeError(f"{message} (fairseq-train's model options; fairseq-train --help lists them)")
+
+    parser.error = refuse
+    args, unknown = options.parse_args_and_arch(parser, argv, parse_known=True)
+    if unknown:
+        import difflib
+
+        known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+        close = difflib.get_close_matches(unknown[0].split("=")[0], known, n=1, cutoff=0.8)
+        refuse(f"unknown option(s): {' '.join(unknown)}" + (f" (did you mean {close[0]}?)" if close else ""))
     task = tasks.setup_task(args)
     torch.manual_seed(seed)
     try:
