@@ -93,9 +93,10 @@ def residual_options(args) -> SchemeOptions:
             what = (f"{', '.join(named)} {'is an option' if len(given) == 1 else 'are options'} of "
                     f"--residual-scheme {scheme.name} (model.residual_scheme={scheme.name}), but the model's scheme "
                     f"is {selected.name}")
-            loading = (f"the checkpoint was trained with --residual-scheme {scheme.name} and saved "
-                       f"{'it' if len(given) == 1 else 'them'}: load it with its own scheme (drop residual_scheme "
-                       f"from --model-overrides)")
+            loading = (f"if --model-overrides sets {'it' if len(given) == 1 else 'them'}, drop "
+                       f"{'it' if len(given) == 1 else 'them'} there; if the checkpoint was trained with "
+                       f"--residual-scheme {scheme.name} and saved {'it' if len(given) == 1 else 'them'}, load it "
+                       f"with its own scheme (drop residual_scheme from --model-overrides)")
             training = f"drop {' '.join(given)} or use --residual-scheme {scheme.name}"
             raise OptionError(f"{what}: {advice_for_this_tool(loading, training)}")
     selected.check_args(args)

@@ -43,6 +43,10 @@ DROPOUT_NAMES = {"encoder": "TransformerEncoder", "decoder": "TransformerDecoder
                  "attention": "MultiheadAttention"}
 
 
+#: the registered model's name, for messages (model.py registers it; importing it here would be circular)
+MODEL_NAME_FOR_MESSAGES = "residual_transformer"
+
+
 class SchemeMismatchError(UserInputError, ValueError):
     """A checkpoint of one residual scheme was loaded into a model of another."""
 
@@ -84,7 +88,8 @@ class _ResidualStackMixin:
             state_dict[key] = torch.tensor(get_scheme(saved).scheme_id, dtype=torch.long)
         if saved != self.residual_scheme:
             fix = advice_for_this_tool(
-                "the scheme is read from the checkpoint: drop residual_scheme from --model-overrides",
+                f"the scheme is read from the checkpoint: drop residual_scheme from --model-overrides, or set it "
+                f"to '{saved}' there (a stock fairseq checkpoint loaded as {MODEL_NAME_FOR_MESSAGES} records none)",
                 f"resume with --residual-scheme {saved} (model.residual_scheme={saved}), or train the "
                 f"'{self.residual_scheme}' model from scratch in a new --save-dir (checkpoint.save_dir) or from a "
                 f"--restore-file (checkpoint.restore_file) of a '{self.residual_scheme}' model")

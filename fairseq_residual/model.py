@@ -57,7 +57,7 @@ from .encoder_decoder import (
 from .optimizer_order import record_saved_order
 from .pruning import prune_to_kept_layers
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES
-from .user_errors import SettingError, in_hydra_train
+from .user_errors import SettingError, advice_for_this_tool, in_hydra_train
 
 MODEL_NAME = "residual_transformer"
 
@@ -316,7 +316,10 @@ class ResidualTransformerModel(TransformerModel):
         saved_tensors = list(state_dict.values())  # the saved model's order, before renames
         self.upgrade_state_dict(state_dict)
         state_dict = prune_to_kept_layers(state_dict, self.encoder.residual_options)
-        _check_shapes(state_dict, self.state_dict())
+        own = self.state_dict()
+        if strict:
+            _check_keys(state_dict, own)
+        _check_shapes(state_dict, own)
         result = torch.nn.Module.load_state_dict(self, state_dict, strict)
         record_saved_order(self, saved_tensors, state_dict)  # the optimizer state follows names, not positions
         self.training_hook_pending = self.encoder.scheme.needs_training_hook
@@ -326,6 +329,29 @@ class ResidualTransformerModel(TransformerModel):
     def residual_scheme(self):
         """The model's residual scheme's registry name (``post_ln``, ``pre_ln``, ``resi_dual``, ...)."""
         return self.encoder.residual_scheme
+
+
+def _check_keys(saved: dict, own: dict) -> None:
+    """Refuse a state dict whose tensor names are not this model's (a strict load), naming the first ones.
+
+    Raises:
+        SettingError: a model built with settings that add or remove parameters (a scheme's option such as
+            hyper-connections' dynamic weights, ``hc_dynamic``) other than the checkpoint was trained with, where
+            PyTorch would list every name after a traceback.
+    """
+    unexpected = [k for k in saved if k not in own]
+    missing = [k for k in own if k not in saved]
+    if unexpected or missing:
+        def names(keys):
+            return f"{', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''} ({len(keys)})"
+
+        parts = ([f"the checkpoint has {names(unexpected)} that this model lacks"] if unexpected else []) + (
+            [f"this model has {names(missing)} that the checkpoint lacks"] if missing else [])
+        fix = advice_for_this_tool(
+            "the model was built with settings other than the checkpoint's: drop the keys that add or remove "
+            "parameters (a scheme's option such as hc_dynamic) from --model-overrides",
+            "resume with the settings the checkpoint was trained with, or train this model in a new --save-dir")
+        raise SettingError(f"the checkpoint does not fit this model: {'; '.join(parts)}. {fix}")
 
 
 def _check_shapes(saved: dict, own: dict) -> None:

@@ -297,6 +297,12 @@ def test_a_checkpoint_of_other_shapes_is_refused_naming_the_tensors():
                                            r"44 rows in the checkpoint, 34 with the dictionaries of this data "
                                            r"directory\. Pass the data directory"):
         other.load_state_dict(two.state_dict())
+    # a setting that adds or removes parameters (no dynamic weights): one error naming them, not PyTorch's list
+    static, _, _ = build_model(MODEL_NAME, *small, "--hc-streams", 2, "--hc-static", dictionary=DICTIONARY)
+    with pytest.raises(SettingError, match=r"^the checkpoint does not fit this model: the checkpoint has \S+dynamic"
+                                           r"\S+, .* that this model lacks\. .*drop the keys that add or remove "
+                                           r"parameters \(a scheme's option such as hc_dynamic\)"):
+        static.load_state_dict(two.state_dict())
     twin, _, _ = build_model(MODEL_NAME, *small, "--hc-streams", 2, dictionary=DICTIONARY)
     twin.load_state_dict(two.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(), two.state_dict().values()))
@@ -315,9 +321,9 @@ def test_a_scheme_option_saved_in_a_checkpoint_names_the_override_when_loading(m
         build_model(MODEL_NAME + "_tiny", *flags, dictionary=DICTIONARY)
     assert str(loading.value) == (
         "--hc-streams (model.hc_streams) is an option of --residual-scheme hyper_connections "
-        "(model.residual_scheme=hyper_connections), but the model's scheme is mhc: the "
-        "checkpoint was trained with --residual-scheme hyper_connections and saved it: load it with its own scheme "
-        "(drop residual_scheme from --model-overrides)")
+        "(model.residual_scheme=hyper_connections), but the model's scheme is mhc: if --model-overrides sets it, drop "
+        "it there; if the checkpoint was trained with --residual-scheme hyper_connections and saved it, load it with "
+        "its own scheme (drop residual_scheme from --model-overrides)")
     monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train"])
     with pytest.raises(OptionError) as training:
         build_model(MODEL_NAME + "_tiny", *flags, dictionary=DICTIONARY)

@@ -70,8 +70,9 @@ def last_n_checkpoints(directory, n, by="auto"):
         raise FileNotFoundError(
             f"{directory} has {len(found['epoch'])} epoch checkpoints (checkpointE.pt) and "
             f"{len(found['update'])} update checkpoints (checkpoint_E_U.pt); averaging the last {n} "
-            f"{by} checkpoints needs {n}. Keep more with checkpoint.keep_last_epochs / "
-            f"checkpoint.keep_interval_updates, or average fewer"
+            f"{by} checkpoints needs {n}. Keep more with --keep-last-epochs / --keep-interval-updates "
+            f"(checkpoint.keep_last_epochs / checkpoint.keep_interval_updates under fairseq-hydra-train), or average "
+            f"fewer"
         )
     return [os.path.join(directory, name) for _, name in found[by][-n:]]
 
