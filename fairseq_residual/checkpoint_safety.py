@@ -476,15 +476,17 @@ def _missing_message(path: str) -> str:
     return f"checkpoint {path}{where} does not exist: {held}; {_PATH_FIX}"
 
 
-def _folder_message(path: str) -> str:
-    """What to say of a ``--path`` that is a folder (a ``--save-dir``): the complete checkpoints it holds, and one
-    of them as the path to pass (``checkpoint_best.pt`` if it is there, else the newest)."""
+def folder_message(path: str, option: str = "--path") -> str:
+    """What to say of a checkpoint ``option`` (``--path``, ``--checkpoint``) given a folder (a ``--save-dir``):
+    the complete checkpoints it holds, and one of them as the path to pass (``checkpoint_best.pt`` if it is there,
+    else the newest)."""
     found = [os.path.basename(p) for p in checkpoints_in(path)]
     if not found:
-        return f"--path {path} is a folder, not a checkpoint, and it holds no complete checkpoint; {_PATH_FIX}"
+        return (f"{option} {path} is a folder, not a checkpoint, and it holds no complete checkpoint; pass {option} a "
+                f"checkpoint fairseq-train wrote (its --save-dir's checkpoint_best.pt or checkpoint_last.pt)")
     pick = "checkpoint_best.pt" if "checkpoint_best.pt" in found else found[0]
-    return (f"--path {path} is a folder, not a checkpoint: {_held(path)}; pass --path {os.path.join(path, pick)} "
-            f"or another of them (several, separated by ':', form an ensemble)")
+    return (f"{option} {path} is a folder, not a checkpoint: {_held(path)}; pass {option} {os.path.join(path, pick)} "
+            f"or another of them")
 
 
 def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, strict=True, suffix="", num_shards=1,
@@ -502,7 +504,7 @@ def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, stric
             if PathManager.path_requires_pathmanager(path):
                 continue
             if os.path.isdir(path):
-                raise SettingError(_folder_message(path))
+                raise SettingError(folder_message(path) + " (several, separated by ':', form an ensemble)")
             if not os.path.exists(path):
                 raise MissingFileError(_missing_message(path))
     return _stock_load_model_ensemble_and_task(filenames, arg_overrides, task, strict, suffix, num_shards, state)

@@ -49,14 +49,21 @@ class SettingError(UserInputError, ValueError):
     option and the fix."""
 
 
-def tool_name(argv0: str):
-    """``fairseq-<tool>`` for fairseq's console scripts (``fairseq-train``, ...) and ``python -m
-    fairseq_cli.<tool>``; None for any other program, and for ``fairseq-hydra-train``, whose errors Hydra reports
-    (with ``HYDRA_FULL_ERROR=1``, the full traceback the user asked for)."""
+def _program(argv0: str) -> str:
+    """The program's name, ``fairseq-<tool>`` for ``python -m fairseq_cli.<tool>`` as for fairseq's console
+    scripts."""
     argv0 = argv0 or ""
     name = os.path.basename(argv0)
     if os.path.basename(os.path.dirname(argv0)) == "fairseq_cli" and name.endswith(".py"):
         name = "fairseq-" + name[:-3].replace("_", "-")
+    return name
+
+
+def tool_name(argv0: str):
+    """``fairseq-<tool>`` for fairseq's console scripts (``fairseq-train``, ...) and ``python -m
+    fairseq_cli.<tool>``; None for any other program, and for ``fairseq-hydra-train``, whose errors Hydra reports
+    (with ``HYDRA_FULL_ERROR=1``, the full traceback the user asked for)."""
+    name = _program(argv0)
     if not name.startswith("fairseq-") or name.startswith("fairseq-hydra-train"):
         return None
     return name
@@ -158,9 +165,7 @@ def running_tool():
 
 def in_hydra_train() -> bool:
     """Whether this process is ``fairseq-hydra-train`` (or ``python -m fairseq_cli.hydra_train``)."""
-    argv0 = sys.argv[0] if sys.argv else ""
-    return os.path.basename(argv0).startswith("fairseq-hydra-train") or (
-        os.path.basename(os.path.dirname(argv0)) == "fairseq_cli" and os.path.basename(argv0) == "hydra_train.py")
+    return _program(sys.argv[0] if sys.argv else "").startswith("fairseq-hydra-train")
 
 
 def advice_for_this_tool(loading: str, training: str) -> str:

@@ -517,7 +517,7 @@ def test_bad_input_messages(trained, data, tmp_path, capsys):
         ([data, "--checkpoint", str(tmp_path / "weights.pt"), "--output-dir", str(tmp_path)],
          ["weights.pt is a PyTorch file but not a fairseq checkpoint"]),
         ([data, "--checkpoint", os.path.dirname(trained[0]), "--output-dir", str(tmp_path)],
-         ["is a folder, not a checkpoint: it holds", "pass one of them"]),
+         ["is a folder, not a checkpoint: ", "(newest first); pass --checkpoint ", "or another of them"]),
     ]
     (tmp_path / "result.json").write_text('{"cell": "x"}\n')
     torch.save({"w": torch.zeros(2)}, tmp_path / "weights.pt")

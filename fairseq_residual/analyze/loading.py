@@ -166,14 +166,9 @@ def load_checkpoint_model(path, data, scheme=None):
 
     _import_plugin()
     if os.path.isdir(path):
-        from ..checkpoint_safety import checkpoints_in
+        from ..checkpoint_safety import folder_message
 
-        found = [os.path.basename(p) for p in checkpoints_in(path)]
-        raise AnalyzeError(
-            f"--checkpoint {path} is a folder, not a checkpoint: "
-            + (f"it holds {', '.join(found[:6])} (newest first); pass one of them, e.g. "
-               f"{os.path.join(path, 'checkpoint_best.pt' if 'checkpoint_best.pt' in found else found[0])}"
-               if found else "it holds no complete checkpoint; pass a checkpoint file written by fairseq-train"))
+        raise AnalyzeError(folder_message(path, "--checkpoint"))
     if not os.path.isfile(path):
         raise AnalyzeError(
             f"checkpoint not found: {path}: pass a checkpoint written by fairseq-train (e.g. "
