@@ -50,6 +50,18 @@ def test_mix_ln_makes_the_lowest_floor_a_l_layers_post_ln(fraction, post_enc, po
         assert stack.layer_norm is not None  # the final LayerNorm is always there
 
 
+def test_mix_ln_warns_where_a_stack_gets_no_post_ln_layer(caplog):
+    """floor(0.25 x 3) = 0: a 3-layer stack of Mix-LN at its default fraction is Pre-LN's, which the user is told;
+    4 layers get one Post-LN layer and no warning."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        tiny("mix_ln", "--encoder-layers", 4, "--decoder-layers", 3)
+    warned = [r.getMessage() for r in caplog.records if "Mix-LN" in r.getMessage()]
+    assert warned == ["Mix-LN: --mix-ln-fraction 0.25 of 3 decoder layers is floor(0.25 x 3) = 0 Post-LN layers: "
+                      "the decoder is Pre-LN's; a fraction of at least 0.333 (or more layers) gives it one"]
+
+
 def test_lns_scales_every_sub_layer_input_by_one_over_sqrt_of_its_layer():
     model = tiny("lns", "--encoder-layers", 4, "--decoder-layers", 3)
     for stack in (model.encoder, model.decoder):

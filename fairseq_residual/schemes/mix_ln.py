@@ -20,11 +20,14 @@ Post-LN layers are Post-LN in all three sub-layers. ``a = 0`` is Pre-LN (with th
 No parameters beyond fairseq's; fairseq's initialisation (the reference draws embeddings with std
 sqrt(2/5), an LLaMA detail not part of the scheme).
 """
+import logging
 import math
 from dataclasses import dataclass
 
 from ..residual import PostLNResidual, SublayerResidual
 from .base import Option, ResidualScheme
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,19 @@ class MixLN(ResidualScheme):
 
     def options(self, args):
         return MixLNOptions(fraction=float(args.mix_ln_fraction))
+
+    def check_args(self, args) -> None:
+        """fairseq's checks, and a warning where ``floor(a L)`` leaves a stack without a Post-LN layer (a = 0.25 at 2
+        or 3 layers): that stack is Pre-LN's."""
+        super().check_args(args)
+        options = self.options(args)
+        for stack in ("encoder", "decoder"):
+            layers = getattr(args, f"{stack}_layers", None)
+            if options.fraction > 0 and layers and options.post_ln_layers(int(layers)) == 0:
+                logger.warning(
+                    f"Mix-LN: --mix-ln-fraction {options.fraction:g} of {layers} {stack} layers is floor("
+                    f"{options.fraction:g} x {layers}) = 0 Post-LN layers: the {stack} is Pre-LN's; a fraction of at "
+                    f"least {1 / int(layers):.3g} (or more layers) gives it one")
 
     def sublayer_residual(self, cfg, site):
         if site.layer < cfg.residual_options.params.post_ln_layers(site.layers):
