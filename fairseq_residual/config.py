@@ -10,7 +10,7 @@ import argparse
 from .norms import add_norm_args, fill_norm_defaults, norm_options
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, SCHEMES, SchemeOptions, get_scheme
 from .schemes.base import OptionError
-from .user_errors import SettingError, advice_for_this_tool
+from .user_errors import SettingError, advice_for_this_tool, closest
 
 # fp16's largest finite value; anything summed in fp16 (ResiDual's dual stream x_d) must stay below it.
 FP16_MAX = 65504.0
@@ -140,14 +140,12 @@ def check_model_keys(cfg, known) -> None:
     Raises:
         SettingError: naming each unknown key, the closest known one and the fix.
     """
-    import difflib
-
     unknown = sorted(k for k in cfg.keys() if k != "_name" and k not in known)
     if unknown:
         names = []
         for key in unknown:
-            close = difflib.get_close_matches(key, known, n=1)
-            names.append(f"model.{key}" + (f" (did you mean model.{close[0]}?)" if close else ""))
+            close = closest(key, known)
+            names.append(f"model.{key}" + (f" (did you mean model.{close}?)" if close else ""))
         raise SettingError(f"{', '.join(names)} {'is not an option' if len(names) == 1 else 'are not options'} of "
                            f"the model {cfg.get('_name')}, which would ignore {'it' if len(names) == 1 else 'them'} "
                            f"(a key added with '+' is not checked by Hydra): fix the name, or drop it")

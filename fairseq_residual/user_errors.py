@@ -158,6 +158,20 @@ def user_message(exc: BaseException):
     return _stock_message(exc)
 
 
+def closest(name: str, known, cutoff: float = 0.6):
+    """The name of ``known`` closest to ``name`` (a misspelt option or key), or None (difflib's ratio below
+    ``cutoff``)."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def long_options(parser):
+    """Every ``--option`` string an argparse parser accepts."""
+    return [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+
+
 def running_tool():
     """:func:`tool_name` of this process (None outside fairseq's command-line tools)."""
     return tool_name(sys.argv[0] if sys.argv else "")

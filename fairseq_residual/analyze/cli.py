@@ -12,6 +12,7 @@ import torch
 
 from ..config import FP16_MAX
 from ..schemes import SCHEME_NAMES as SCHEMES
+from ..user_errors import closest, long_options
 from .common import ALL, DEFAULT_ARCH, PKG_DIR, PROG, SCHEME_NAMES, AnalyzeError, logger
 from .loading import build_criterion, build_fresh_model, check_data, fairseq_model_argv, load_batches, load_checkpoint_model
 from .measure import analyze_model
@@ -71,12 +72,10 @@ def build_parser():
 
 
 def _check_args(args, extra, own_options=()):
-    import difflib
-
     for option in extra:  # a typo of this tool's own option, before anything else is said about it
-        close = difflib.get_close_matches(option.split("=")[0], own_options, n=1, cutoff=0.8)
+        close = closest(option.split("=")[0], own_options, cutoff=0.8)
         if option.startswith("--") and close:
-            raise AnalyzeError(f"unknown option {option.split('=')[0]} (did you mean {close[0]}?)")
+            raise AnalyzeError(f"unknown option {option.split('=')[0]} (did you mean {close}?)")
     if args.batches < 1:
         raise AnalyzeError(f"--batches must be >= 1, got {args.batches}")
     if args.max_tokens is not None and args.max_tokens < 1:
@@ -109,8 +108,7 @@ def run(args, extra=(), argv=None):
     """Analyse every requested model; write ``analysis.json`` and the plots; return the report."""
     from fairseq import utils
 
-    own = [o for action in build_parser()._actions for o in action.option_strings if o.startswith("--")]
-    _check_args(args, extra, own)
+    _check_args(args, extra, long_options(build_parser()))
     src, tgt = check_data(args.data, args.subset, args.source_lang, args.target_lang)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     models = []  # (source, path or scheme); built one at a time to keep memory low

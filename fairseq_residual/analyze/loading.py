@@ -7,7 +7,7 @@ import torch
 
 from ..schemes import SCHEME_NAMES as SCHEMES
 from ..schemes import scheme_by_id
-from ..user_errors import UserInputError
+from ..user_errors import UserInputError, closest, long_options
 from .common import ALL, PKG_DIR, POST_LN, PRE_LN, STACKS, AnalyzeError
 
 # ---------------------------------------------------------------------------------------------
@@ -112,11 +112,8 @@ def build_fresh_model(argv, seed=1):
     parser.error = refuse
     args, unknown = options.parse_args_and_arch(parser, argv, parse_known=True)
     if unknown:
-        import difflib
-
-        known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
-        close = difflib.get_close_matches(unknown[0].split("=")[0], known, n=1, cutoff=0.8)
-        refuse(f"unknown option(s): {' '.join(unknown)}" + (f" (did you mean {close[0]}?)" if close else ""))
+        close = closest(unknown[0].split("=")[0], long_options(parser), cutoff=0.8)
+        refuse(f"unknown option(s): {' '.join(unknown)}" + (f" (did you mean {close}?)" if close else ""))
     task = tasks.setup_task(args)
     torch.manual_seed(seed)
     try:

@@ -715,6 +715,12 @@ def _rate(lr) -> str:
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
+def _complete_rows(data):
+    """``(rows, seeds)``: a ``ranking.json``'s rows with all their seeds (the most any row has), in rank order."""
+    seeds = max(r["seeds"] for r in data["rows"])
+    return [r for r in data["rows"] if r["seeds"] == seeds], seeds
+
+
 def readme_table(data, baseline=BASELINE):
     """The README's summary of a ranking: every row with all its seeds (the most any row has), in rank order, its
     rate, valid nll and BLEU (mean ± sd), each against ``baseline`` as the seed-paired difference with its 95%
@@ -730,8 +736,7 @@ def readme_table(data, baseline=BASELINE):
     Raises:
         ValueError: ``baseline`` has not all its seeds.
     """
-    seeds = max(r["seeds"] for r in data["rows"])
-    rows = [r for r in data["rows"] if r["seeds"] == seeds]
+    rows, seeds = _complete_rows(data)
     if baseline not in {r["row"] for r in rows}:
         raise ValueError(f"{row_label(baseline)} has fewer than {seeds} seeds in the ranking: nothing to read against")
     pairs = {tuple(p["rows"]): p for p in data["order"]["pairs"]}
@@ -759,10 +764,9 @@ def rows_table(data):
     """The results page's summary of a ranking: every row with all its seeds, in rank order, its rate, valid nll,
     BLEU and chrF (mean ± sd), the mean layer-1 / top-layer gradient ratio (encoder / decoder) and the paper's
     IWSLT14 BLEU (``data``: a ``ranking.json``). Returns the Markdown table."""
-    seeds = max(r["seeds"] for r in data["rows"])
     lines = [[r["label"], _rate(r["lr"]), r["text"]["valid_nll"], r["text"]["bleu"], r["text"]["chrf"],
               " / ".join(r["text"][k].split(" ± ")[0] for k in ("grad_enc", "grad_dec")),
               "-" if r["paper"] is None else r["paper"]]
-             for r in data["rows"] if r["seeds"] == seeds]
+             for r in _complete_rows(data)[0]]
     return markdown_table(["", "lr", "valid nll (bits)", "BLEU", "chrF", "grad L1 / top, enc / dec",
                            "paper's IWSLT14 12-layer BLEU"], lines)
