@@ -45,7 +45,8 @@ def prune_to_kept_layers(state_dict: Dict[str, Tensor], options) -> Dict[str, Te
 
     Raises:
         ValueError: a stack of the state dict holds neither the trained model's layers nor the kept ones
-            (a list that does not match how the checkpoint was trained), naming both counts and the fix.
+            (a list that does not match how the checkpoint was trained, or a depth changed at load), naming
+            both counts and the fix.
     """
     renames = {}
     for stack in STACKS:
@@ -53,6 +54,14 @@ def prune_to_kept_layers(state_dict: Dict[str, Tensor], options) -> Dict[str, Te
         held = held_layers(state_dict, f"{stack}.")
         if not held or held == list(range(len(kept))):  # as the model holds them (pruned or whole)
             continue
+        if held != list(range(depth)) and len(kept) == depth:  # no list: the depth itself differs
+            raise SettingError(
+                f"this model is built with {depth} {stack} layers ({stack}_layers {depth}, {stack}_layers_to_keep "
+                f"not set), but the checkpoint holds {len(held)} {stack} layers: a --model-overrides of "
+                f"{stack}_layers or {stack}_layers_to_keep changed the model the checkpoint was trained as; drop "
+                f"it (a trained model's depth cannot change at load; a model trained pruned loads with the "
+                f"{stack}_layers_to_keep it was trained with)"
+            )
         if held != list(range(depth)):
             raise SettingError(
                 f"this model holds {len(kept)} of the trained model's {depth} {stack} layers "

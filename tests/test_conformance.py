@@ -545,6 +545,11 @@ def test_pruning_keeps_the_stack_without_a_list_and_a_pruned_checkpoint_as_it_is
     del pruned["encoder.layers.1.w"]
     with pytest.raises(ValueError, match=r"holds 2 of the trained model's 4 encoder layers .*checkpoint holds 1"):
         prune_to_kept_layers(pruned, options)
+    unpruned = SchemeOptions(scheme="lns", params={}, encoder_layers=4, decoder_layers=2,  # a depth override
+                             encoder_kept=(0, 1, 2, 3), decoder_kept=(0, 1))
+    with pytest.raises(ValueError, match=r"built with 4 encoder layers \(encoder_layers 4, encoder_layers_to_keep not "
+                                         r"set\), but the checkpoint holds 1 encoder layers: a --model-overrides"):
+        prune_to_kept_layers(pruned, unpruned)
 
 
 @pytest.mark.parametrize("written", ["TransformerEncoderLayer,TransformerDecoder",
