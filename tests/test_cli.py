@@ -61,8 +61,19 @@ def test_help_lists_every_preset(capsys):
         assert re.search(rf"[{{,]{scheme}[,}}]", flat), f"--residual-scheme help lacks {scheme}"
     for name in ARCH_NAMES:
         assert re.search(rf"[:,]{name}[,.]", flat), f"--arch help lacks {name}"
-    for flag in ("--residual-scheme", "--resi-dual-scale", "--encoder-resi-dual-alpha"):
-        assert flag in flat
+    assert "--hc-streams" not in flat  # the model's options need --arch (fairseq parses them after it)
+
+    with pytest.raises(SystemExit) as exit_:  # fairseq-train --arch <preset> --help: the model's options too
+        options.parse_args_and_arch(options.get_training_parser(),
+                                    ["--user-dir", USER_DIR, "--arch", "residual_transformer_tiny", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "Model-specific configuration (--arch residual_transformer_tiny" in out
+    flat = re.sub(r"\s+", " ", out)
+    for flag in ("--residual-scheme", "--resi-dual-scale", "--encoder-resi-dual-alpha", "--norm {layernorm,rmsnorm",
+                 "--dyt-alpha", "--rmsnorm-eps", "--encoder-layers", "--hc-streams N Hyper-connections"):
+        assert flag in flat, flag
+    assert re.search(r"--hc-streams N .*range \[1, 16\]; default 4", flat)
 
 
 def test_smoke_train_three_updates_and_translate(tmp_path):
