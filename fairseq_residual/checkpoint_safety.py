@@ -434,15 +434,18 @@ def check_not_truncated(path: str, fix: str = "load another one") -> None:
 
 
 def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
-    """fairseq's ``checkpoint_utils.load_checkpoint_to_cpu``, naming a truncated file as such.
+    """fairseq's ``checkpoint_utils.load_checkpoint_to_cpu``, naming a truncated file as such and refusing a
+    misspelt ``--model-overrides`` key.
 
     Raises:
         TruncatedCheckpointError: ``path`` is a local file cut short (not a complete zip archive) and
             ``torch.load`` failed on it; the message lists the complete checkpoints beside it.
         NotACheckpointError: ``path`` is neither a zip archive nor a legacy pickle (a JSON file, text).
+        SettingError: in fairseq's loading tools, an ``arg_overrides`` key (``--model-overrides``) that a
+            checkpoint of this plugin's model would ignore, with the closest known key.
     """
     try:
-        return _stock_load_checkpoint_to_cpu(path, arg_overrides, load_on_all_ranks)
+        state = _stock_load_checkpoint_to_cpu(path, arg_overrides, load_on_all_ranks)
     except (EOFError, OSError, RuntimeError, ValueError, pickle.UnpicklingError) as exc:
         if isinstance(exc, UserInputError) or PathManager.path_requires_pathmanager(path):
             raise
@@ -455,6 +458,24 @@ def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
                 f"{path} is not a checkpoint: not a file torch.save wrote (it begins with {head!r}); pass a "
                 f"checkpoint fairseq-train wrote") from exc
         raise TruncatedCheckpointError(_truncated_message(path, "load another one")) from exc
+    if arg_overrides:
+        _check_override_keys(state, arg_overrides)
+    return state
+
+
+def _check_override_keys(state, arg_overrides) -> None:
+    """In fairseq's loading tools, refuse a ``--model-overrides`` key that a checkpoint of this plugin's model
+    would ignore (:func:`fairseq_residual.config.check_override_keys`); other models' checkpoints and other
+    callers are left to fairseq."""
+    from .config import check_override_keys
+    from .model import ARCH_NAMES, ResidualTransformerModel
+    from .user_errors import LOADING_TOOLS, running_tool
+
+    cfg = state.get("cfg")
+    model = cfg.get("model") if cfg is not None else None
+    arch = getattr(model, "arch", None) or getattr(model, "_name", None)
+    if arch in ARCH_NAMES and running_tool() in LOADING_TOOLS:
+        check_override_keys(arg_overrides, cfg, ResidualTransformerModel.known_model_keys())
 
 
 def _held(folder: str) -> str:

@@ -151,6 +151,39 @@ def check_model_keys(cfg, known) -> None:
                            f"(a key added with '+' is not checked by Hydra): fix the name, or drop it")
 
 
+def check_override_keys(overrides, cfg, model_keys) -> None:
+    """Refuse a ``--model-overrides`` key that nothing reads. fairseq applies the overrides to a loaded
+    checkpoint's configuration by name (``fairseq/dataclass/utils.py``, ``overwrite_args_by_name``): a key no
+    section holds is dropped, and every key is set on a model configuration saved as a Namespace (this plugin's),
+    where a misspelt one (``{'encoder_layer': 3}``) is read by nobody, so the tool runs the model as saved
+    without a word.
+
+    Args:
+        overrides: the ``arg_overrides`` dict (``--model-overrides``, evaluated); a key naming a configuration
+            section (``{'task': {...}}``) counts as known.
+        cfg: the loaded checkpoint's configuration (a dict or DictConfig of sections), read before the
+            overrides are applied or after: only its sections other than ``model`` are read.
+        model_keys: the keys the model reads (:meth:`ResidualTransformerModel.known_model_keys`).
+
+    Raises:
+        SettingError: naming each unknown key, the closest known one and the fix.
+    """
+    known = set(model_keys) | set(cfg.keys())
+    for name in cfg.keys():
+        section = cfg[name]
+        if name != "model" and hasattr(section, "keys"):
+            known.update(section.keys())
+    unknown = sorted(k for k in overrides if k not in known)
+    if unknown:
+        names = []
+        for key in unknown:
+            close = closest(key, known)
+            names.append(repr(key) + (f" (did you mean {close!r}?)" if close else ""))
+        raise SettingError(f"--model-overrides {', '.join(names)}: {'no option' if len(names) == 1 else 'no options'} "
+                           f"of this checkpoint's model or of fairseq, so fairseq would ignore "
+                           f"{'it' if len(names) == 1 else 'them'} and run the model as saved: fix the key, or drop it")
+
+
 def as_namespace(args):
     """Return ``args`` as an ``argparse.Namespace`` (a resolved copy when it is an omegaconf config).
 

@@ -9,8 +9,9 @@ fairseq's ``models/wav2vec/wav2vec2_classification.py`` calls ``logging.basicCon
 fairseq's models are imported, so fairseq-generate (which configures logging after that import) logs at DEBUG:
 the root logger is set back to fairseq's ``LOGLEVEL`` (default INFO) in those tools.
 
-torch's deprecation of ``torch.cuda.amp.autocast``, which fairseq's training step calls, is silenced in every
-fairseq tool, fairseq-hydra-train included.
+torch's deprecation of ``torch.cuda.amp.autocast``, which fairseq's training step calls, and its warning about
+the ``pin_memory=True`` fairseq's data iterators pass on a machine without a GPU are silenced in every fairseq tool,
+fairseq-hydra-train included.
 
 Only those messages, matched from their start, and only in the tools :func:`.user_errors.tool_name` names
 (``fairseq-hydra-train`` is left alone: there the package-header warning may be about the user's own config
@@ -34,20 +35,25 @@ FAIRSEQ_HYDRA_DEPRECATIONS = (
 )
 
 
-#: deprecation warnings about fairseq 0.12's own calls into torch, silenced in every fairseq tool (the training
-#: step's ``torch.cuda.amp.autocast(...)`` in ``fairseq/tasks/fairseq_task.py``, once per run)
-FAIRSEQ_TORCH_DEPRECATIONS = (r"\s*`torch\.cuda\.amp\.autocast\(args\.\.\.\)` is deprecated",)
+#: warnings about fairseq 0.12's own calls into torch, silenced in every fairseq tool, each with its category: the
+#: training step's ``torch.cuda.amp.autocast(...)`` (``fairseq/tasks/fairseq_task.py``, once per run), and the
+#: ``pin_memory=True`` fairseq's data iterators always pass (``fairseq/data/iterators.py``), which torch warns
+#: about on a machine without a GPU (once per data loader)
+FAIRSEQ_TORCH_WARNINGS = (
+    (r"\s*`torch\.cuda\.amp\.autocast\(args\.\.\.\)` is deprecated", FutureWarning),
+    (r"'pin_memory' argument is set as true but no accelerator is found", UserWarning),
+)
 
 
 def install() -> None:
-    """Silence :data:`FAIRSEQ_TORCH_DEPRECATIONS` in fairseq's command-line tools and fairseq-hydra-train, and
+    """Silence :data:`FAIRSEQ_TORCH_WARNINGS` in fairseq's command-line tools and fairseq-hydra-train, and
     :data:`FAIRSEQ_HYDRA_DEPRECATIONS` and set the root logger from DEBUG back to fairseq's ``LOGLEVEL`` (its tools'
     own default, INFO) in the tools but fairseq-hydra-train; a no-op elsewhere."""
     tool = running_tool()
     if tool is None and not in_hydra_train():
         return
-    for message in FAIRSEQ_TORCH_DEPRECATIONS:
-        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+    for message, category in FAIRSEQ_TORCH_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
     if tool is None:  # fairseq-hydra-train: Hydra's warnings may be about the user's own config files
         return
     for message in FAIRSEQ_HYDRA_DEPRECATIONS:

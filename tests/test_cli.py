@@ -166,6 +166,9 @@ def test_a_model_trained_pruned_translates_and_resumes(tiny_data_bin, tmp_path):
     gen = translate(data_bin, whole / "checkpoint_last.pt", "--max-len-b", "5",
                     "--model-overrides", "{'encoder_layers_to_keep': '1'}")
     assert len([line for line in gen.splitlines() if line.startswith("H-")]) == 24
+    with pytest.raises(AssertionError, match=r"--model-overrides 'encoder_layers_to_kep' \(did you mean "
+                                             r"'encoder_layers_to_keep'\?\): no option of this checkpoint's model"):
+        translate(data_bin, whole / "checkpoint_last.pt", "--model-overrides", "{'encoder_layers_to_kep': '1'}")
     with pytest.raises(AssertionError, match=r"checkpoint holds 1 encoder layers: a --model-overrides of encoder_layers or encoder_layers_to_keep"):
         translate(data_bin, save / "checkpoint_last.pt", "--max-len-b", "5",
                   "--model-overrides", "{'encoder_layers_to_keep': None}")

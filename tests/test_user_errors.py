@@ -308,6 +308,27 @@ def test_a_checkpoint_of_other_shapes_is_refused_naming_the_tensors():
     assert all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(), two.state_dict().values()))
 
 
+def test_a_model_overrides_key_nothing_reads_is_refused():
+    """fairseq sets every --model-overrides key on the model configuration a checkpoint saved as a Namespace, where
+    a misspelt one is read by nobody: refused by name with the closest key; the model's options, the keys of
+    fairseq's other configuration sections and the sections themselves pass."""
+    from argparse import Namespace
+
+    from fairseq_residual.config import check_override_keys
+    from fairseq_residual.model import ResidualTransformerModel
+    from fairseq_residual.user_errors import SettingError
+
+    cfg = {"_name": None, "model": Namespace(arch="residual_transformer_tiny", lr=[1e-3]),
+           "task": {"_name": "translation", "data": "bin", "source_lang": "de"}, "bpe": None}
+    known = ResidualTransformerModel.known_model_keys()
+    check_override_keys({"hc_streams": 2, "dropout": 0.2, "data": "other", "bpe": "sentencepiece",
+                         "task": {"data": "x"}, "_name": "residual_transformer"}, cfg, known)
+    with pytest.raises(SettingError, match=r"^--model-overrides 'hc_stream' \(did you mean 'hc_streams'\?\), "
+                                           r"'zzz': no options of this checkpoint's model or of fairseq, so fairseq "
+                                           r"would ignore them"):
+        check_override_keys({"zzz": 1, "hc_stream": 3, "dropout": 0.1}, cfg, known)
+
+
 def test_a_scheme_option_saved_in_a_checkpoint_names_the_override_when_loading(monkeypatch):
     """fairseq-generate on a hyper-connections checkpoint with --model-overrides "{'residual_scheme': 'mhc'}": the
     checkpoint's saved --hc-streams meets the overridden scheme; the error gives the loading fix alone (there is no
@@ -510,7 +531,8 @@ def test_hydra_deprecations_about_fairseqs_code_are_silenced_in_its_tools(argv0,
     """In fairseq's tools the six deprecation warnings Hydra prints about fairseq 0.12's own use of its API are
     silenced (another warning is not), and the DEBUG level a fairseq model module sets on import goes back to
     INFO; other programs and fairseq-hydra-train keep both. torch's autocast deprecation, about fairseq's training
-    step, is silenced in every fairseq tool, fairseq-hydra-train included."""
+    step, and its pin_memory warning on a CPU-only machine, about fairseq's data iterators, are silenced in every
+    fairseq tool, fairseq-hydra-train included."""
     import logging
     import warnings
 
@@ -527,6 +549,8 @@ def test_hydra_deprecations_about_fairseqs_code_are_silenced_in_its_tools(argv0,
     other = "In 'my_config': the defaults list is missing _self_"
     autocast = ("`torch.cuda.amp.autocast(args...)` is deprecated. Please use `torch.amp.autocast('cuda', args...)` "
                 "instead.")
+    pin = ("'pin_memory' argument is set as true but no accelerator is found, then device pinned memory won't be "
+           "used.")
     level = logging.root.level
     try:
         logging.root.setLevel(logging.DEBUG)
@@ -536,9 +560,10 @@ def test_hydra_deprecations_about_fairseqs_code_are_silenced_in_its_tools(argv0,
             for message in [*fairseqs, other]:
                 warnings.warn(message, UserWarning)
             warnings.warn(autocast, FutureWarning)
+            warnings.warn(pin, UserWarning)
         fairseq_tool = argv0 != "/usr/bin/ipython"
         assert [str(w.message) for w in shown] == ([other] if quiet else [*fairseqs, other]) + (
-            [] if fairseq_tool else [autocast])
+            [] if fairseq_tool else [autocast, pin])
         assert logging.root.level == (logging.INFO if quiet else logging.DEBUG)
     finally:
         logging.root.setLevel(level)
