@@ -1,4 +1,5 @@
-"""List the ``residual_transformer`` presets and options in ``fairseq-train --help``.
+"""fairseq's command line: the ``residual_transformer`` presets and options in ``fairseq-train --help``, and
+argparse's errors in one line.
 
 fairseq declares ``--arch`` with ``metavar='ARCH'`` and parses model options only once ``--arch`` is
 known (``fairseq/options.py``, ``parse_args_and_arch``: a first parse, then the model's ``add_args``, then a
@@ -11,15 +12,24 @@ wrapping :func:`fairseq.options.add_model_args` here
   options and the residual ones, with their help, ranges and defaults) before it exits.
 
 Parsing is unchanged: the model's options join the parser only in the help action, which exits.
+
+argparse reports a misspelt option or a wrong choice after the whole usage, which for fairseq's parsers is
+100-200 lines (every option of fairseq, the task and the model), so that the error scrolls out of sight.
+Wrapping :func:`fairseq.options.add_dataset_args`, which every tool's parser calls after ``--user-dir`` is
+imported, gives those parsers :func:`one_line_error` in fairseq's tools: the same message and exit status 2,
+without the usage, with the closest option or choice.
 """
 import argparse
+import re
 
 from fairseq import options
 
 from .model import ARCH_NAMES, MODEL_NAME
 from .schemes import SCHEMES, SCHEME_NAMES
+from .user_errors import closest, long_options, running_tool
 
 _add_model_args = options.add_model_args
+_add_dataset_args = options.add_dataset_args
 
 ARCH_HELP = (
     f"; {MODEL_NAME} (fairseq_residual) presets: {', '.join(ARCH_NAMES)}. "
@@ -58,5 +68,48 @@ def add_model_args(parser):
     return group
 
 
+def did_you_mean(message: str, parser) -> str:
+    """`` (did you mean X?)`` for argparse's error ``message`` about ``parser``'s command line: the closest
+    option to the first unrecognized ``--option``, or the closest choice to an invalid one; ``""`` when
+    nothing is close (difflib's ratio below 0.6) or the message is of another kind."""
+    unknown = re.match(r"unrecognized arguments: (.*)", message)
+    if unknown:
+        typed = [a.split("=")[0] for a in unknown.group(1).split() if a.startswith("--")]
+        close = closest(typed[0], long_options(parser)) if typed else None
+        return f" (did you mean {close}?)" if close else ""
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if choice:
+        close = closest(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
+        return f" (did you mean {close}?)" if close else ""
+    return ""
+
+
+def one_line_error(parser) -> None:
+    """Make ``parser.error`` print ``<prog>: error: <argparse's message> (did you mean ...?)`` and where the
+    options are listed, and exit with argparse's status 2, without the usage argparse prints first; a choice
+    list of 30 or more (``--arch``: every architecture fairseq registers) is cut to its count."""
+
+    def error(message):
+        choices = re.search(r" \(choose from (.*)\)$", message)
+        hint = did_you_mean(message, parser)
+        if choices and choices.group(1).count("', '") >= 30:  # --arch: every registered architecture, 300 of them
+            message = message[:choices.start()] + f" ({choices.group(1).count(', ') + 1} choices, listed by --help)"
+        model = " (with --arch <preset> before it, the model's too)" if "--arch" in long_options(parser) else ""
+        parser.exit(2, f"{parser.prog}: error: {message}{hint}; {parser.prog} --help "
+                       f"lists the options{model}\n")
+
+    parser.error = error
+
+
+def add_dataset_args(parser, train=False, gen=False):
+    """fairseq's ``add_dataset_args`` (called by every tool's parser), giving the parser of fairseq's tools
+    :func:`one_line_error`."""
+    group = _add_dataset_args(parser, train=train, gen=gen)
+    if running_tool() is not None:
+        one_line_error(parser)
+    return group
+
+
 if getattr(options.add_model_args, "__module__", None) != __name__:
     options.add_model_args = add_model_args
+    options.add_dataset_args = add_dataset_args

@@ -7,6 +7,7 @@ test (train 3 updates, translate) is the fast lane's one end-to-end run; the rou
 resume) runs once per code path of the model (:data:`CLI_ROUND_TRIP`)."""
 import math
 import re
+import sys
 import textwrap
 
 import pytest
@@ -74,6 +75,34 @@ def test_help_lists_every_preset(capsys):
                  "--dyt-alpha", "--rmsnorm-eps", "--encoder-layers", "--hc-streams N Hyper-connections"):
         assert flag in flat, flag
     assert re.search(r"--hc-streams N .*range \[1, 16\]; default 4", flat)
+
+
+def test_argparse_errors_are_one_line_with_the_closest_option(monkeypatch, capsys):
+    """In fairseq's tools a misspelt option or a wrong choice ends on one line with the closest one (argparse's
+    message after 100-200 lines of usage in stock fairseq); a long choice list is cut to its count; a message
+    with nothing close keeps argparse's text alone; other programs keep argparse's usage."""
+    from fairseq import options
+
+    def error_of(argv0, args, parser=options.get_generation_parser):
+        monkeypatch.setattr(sys, "argv", [argv0])
+        with pytest.raises(SystemExit) as exit_:
+            options.parse_args_and_arch(parser(), args)
+        assert exit_.value.code == 2
+        return capsys.readouterr().err
+
+    err = error_of("fairseq-generate", ["bin", "--user-dir", USER_DIR, "--bem", "4"])
+    assert err == ("fairseq-generate: error: unrecognized arguments: --bem 4 (did you mean --beam?); "
+                   "fairseq-generate --help lists the options\n")
+    err = error_of("fairseq-train", ["bin", "--user-dir", USER_DIR, "--arch", "residual_transformr"],
+                   options.get_training_parser)
+    assert re.fullmatch(r"fairseq-train: error: argument --arch/-a: invalid choice: 'residual_transformr' \(\d+ "
+                        r"choices, listed by --help\) \(did you mean residual_transformer\?\); fairseq-train --help "
+                        r"lists the options \(with --arch <preset> before it, the model's too\)\n", err), err
+    err = error_of("fairseq-train", ["bin", "--user-dir", USER_DIR, "--arch", "residual_transformer_tiny",
+                                     "--residual-scheme", "zzz"], options.get_training_parser)
+    assert "invalid choice: 'zzz' (choose from 'post_ln', 'pre_ln'," in err and "did you mean" not in err
+    err = error_of("python", ["bin", "--user-dir", USER_DIR, "--bem", "4"])
+    assert err.startswith("usage: ") and "did you mean" not in err
 
 
 def test_smoke_train_three_updates_and_translate(tmp_path):
@@ -200,7 +229,9 @@ def test_bad_flags_give_clear_errors(tiny_data_bin, tmp_path):
     proc = cli_train(tmp_path / "a", "--arch", "residual_transformer_tiny", "--resi-dual-scale", "0")
     assert proc.returncode != 0 and "--resi-dual-scale (model.resi_dual_scale) must be in [0.01, 1]" in proc.stdout
     proc = cli_train(tmp_path / "b", "--arch", "residual_transformer_tiny", "--residual-scheme", "preln")
-    assert proc.returncode != 0 and "invalid choice: 'preln'" in proc.stdout
+    assert proc.returncode == 2 and "invalid choice: 'preln'" in proc.stdout
+    assert "(did you mean pre_ln?); fairseq-train --help lists the options" in proc.stdout
+    assert "usage:" not in proc.stdout  # argparse's 100-200 lines of fairseq's usage are not printed
     assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())
 
 
