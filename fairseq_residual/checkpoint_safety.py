@@ -28,6 +28,8 @@ for every entry point (fairseq-train, fairseq-hydra-train, scripts, several rank
    :class:`TruncatedCheckpointError` naming the file, its size and the complete checkpoints beside it,
    instead of ``EOFError``; :func:`load_model_ensemble_and_task` (fairseq-generate's, -interactive's and
    -validate's ``--path``) names a missing checkpoint with the checkpoints beside it.
+4. :func:`overwrite_args_by_name`: a ``--model-overrides`` key that a checkpoint of this plugin's model would
+   ignore (a misspelt key is set on the saved model Namespace and read by nobody) is refused by name.
 
 Only the names inside ``fairseq.checkpoint_utils`` are replaced; nothing else of fairseq changes.
 """
@@ -58,6 +60,9 @@ _stock_load_checkpoint_to_cpu = getattr(
 )
 _stock_load_model_ensemble_and_task = getattr(
     checkpoint_utils.load_model_ensemble_and_task, "__wrapped_stock__", checkpoint_utils.load_model_ensemble_and_task
+)
+_stock_overwrite_args_by_name = getattr(
+    checkpoint_utils.overwrite_args_by_name, "__wrapped_stock__", checkpoint_utils.overwrite_args_by_name
 )
 
 
@@ -434,15 +439,15 @@ def check_not_truncated(path: str, fix: str = "load another one") -> None:
 
 
 def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
-    """fairseq's ``checkpoint_utils.load_checkpoint_to_cpu``, naming a truncated file as such and refusing a
-    misspelt ``--model-overrides`` key.
+    """fairseq's ``checkpoint_utils.load_checkpoint_to_cpu``, naming a truncated file as such; a misspelt
+    ``--model-overrides`` key is refused where it applies them (:func:`overwrite_args_by_name`).
 
     Raises:
         TruncatedCheckpointError: ``path`` is a local file cut short (not a complete zip archive) and
             ``torch.load`` failed on it; the message lists the complete checkpoints beside it.
         NotACheckpointError: ``path`` is neither a zip archive nor a legacy pickle (a JSON file, text).
-        SettingError: in fairseq's loading tools, an ``arg_overrides`` key (``--model-overrides``) that a
-            checkpoint of this plugin's model would ignore, with the closest known key.
+        SettingError: in fairseq's loading tools, a ``--model-overrides`` key that a checkpoint of this plugin's
+            model would ignore, with the closest known key (:func:`overwrite_args_by_name`).
     """
     try:
         state = _stock_load_checkpoint_to_cpu(path, arg_overrides, load_on_all_ranks)
@@ -458,24 +463,54 @@ def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
                 f"{path} is not a checkpoint: not a file torch.save wrote (it begins with {head!r}); pass a "
                 f"checkpoint fairseq-train wrote") from exc
         raise TruncatedCheckpointError(_truncated_message(path, "load another one")) from exc
-    if arg_overrides:
-        _check_override_keys(state, arg_overrides)
     return state
 
 
-def _check_override_keys(state, arg_overrides) -> None:
-    """In fairseq's loading tools, refuse a ``--model-overrides`` key that a checkpoint of this plugin's model
-    would ignore (:func:`fairseq_residual.config.check_override_keys`); other models' checkpoints and other
-    callers are left to fairseq."""
+def typed_model_overrides(argv=None):
+    """The dict typed after ``--model-overrides`` on this process's command line (``sys.argv``), or None when
+    there is none or it is not a Python literal (fairseq then fails on it itself). fairseq-validate hands the
+    loader every option of its command line as an override as well, so the loader's ``arg_overrides`` alone
+    cannot tell what the user typed as a model override."""
+    import ast
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    for i, arg in enumerate(argv):
+        text = None
+        if arg == "--model-overrides" and i + 1 < len(argv):
+            text = argv[i + 1]
+        elif arg.startswith("--model-overrides="):
+            text = arg.split("=", 1)[1]
+        if text is not None:
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                return None
+            return value if isinstance(value, dict) else None
+    return None
+
+
+def overwrite_args_by_name(cfg, overrides) -> None:
+    """fairseq's ``overwrite_args_by_name`` (``fairseq/dataclass/utils.py``), as ``load_checkpoint_to_cpu`` calls
+    it on a loaded checkpoint's configuration, after checking, in fairseq's loading tools and for a checkpoint of
+    this plugin's model, the keys typed in ``--model-overrides`` against the configuration before they apply
+    (:func:`fairseq_residual.config.check_override_keys`); other models' checkpoints, other callers and the
+    options fairseq-validate adds to the overrides are left to fairseq.
+
+    Raises:
+        SettingError: a typed key nothing reads, with the closest known one.
+    """
     from .config import check_override_keys
     from .model import ARCH_NAMES, ResidualTransformerModel
     from .user_errors import LOADING_TOOLS, running_tool
 
-    cfg = state.get("cfg")
-    model = cfg.get("model") if cfg is not None else None
+    model = cfg.get("model") if overrides else None
     arch = getattr(model, "arch", None) or getattr(model, "_name", None)
-    if arch in ARCH_NAMES and running_tool() in LOADING_TOOLS:
-        check_override_keys(arg_overrides, cfg, ResidualTransformerModel.known_model_keys())
+    typed = typed_model_overrides() if arch in ARCH_NAMES and running_tool() in LOADING_TOOLS else None
+    if typed:
+        check_override_keys({k: v for k, v in typed.items() if k in overrides}, cfg,
+                            ResidualTransformerModel.known_model_keys())
+    _stock_overwrite_args_by_name(cfg, overrides)
 
 
 def _held(folder: str) -> str:
@@ -541,6 +576,8 @@ def install():
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
     load_model_ensemble_and_task.__wrapped_stock__ = _stock_load_model_ensemble_and_task
     checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
+    overwrite_args_by_name.__wrapped_stock__ = _stock_overwrite_args_by_name
+    checkpoint_utils.overwrite_args_by_name = overwrite_args_by_name
 
 
 install()

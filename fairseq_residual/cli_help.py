@@ -68,15 +68,29 @@ def add_model_args(parser):
     return group
 
 
+def _plugin_model_options() -> set:
+    """Every ``--option`` of this plugin's model (fairseq's transformer options and the residual ones)."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    parser = argparse.ArgumentParser(add_help=False)
+    ARCH_MODEL_REGISTRY[MODEL_NAME].add_args(parser)
+    return set(long_options(parser))
+
+
 def did_you_mean(message: str, parser) -> str:
     """`` (did you mean X?)`` for argparse's error ``message`` about ``parser``'s command line: the closest
-    option to the first unrecognized ``--option``, or the closest choice to an invalid one; ``""`` when
-    nothing is close (difflib's ratio below 0.6) or the message is of another kind."""
+    option to the first unrecognized ``--option`` (compared without the dashes), or the closest choice to an
+    invalid one; for an option of this plugin's model that this command line's ``--arch`` does not take, where
+    it belongs; ``""`` when nothing is close (difflib's ratio below 0.6) or the message is of another kind."""
     unknown = re.match(r"unrecognized arguments: (.*)", message)
     if unknown:
         typed = [a.split("=")[0] for a in unknown.group(1).split() if a.startswith("--")]
-        close = closest(typed[0], long_options(parser)) if typed else None
-        return f" (did you mean {close}?)" if close else ""
+        if not typed:
+            return ""
+        if typed[0] in _plugin_model_options():
+            return f" ({typed[0]} is an option of the {MODEL_NAME} presets: --arch {MODEL_NAME} or another of them)"
+        close = closest(typed[0][2:], [o[2:] for o in long_options(parser)])
+        return f" (did you mean --{close}?)" if close else ""
     choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
     if choice:
         close = closest(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
@@ -87,16 +101,17 @@ def did_you_mean(message: str, parser) -> str:
 def one_line_error(parser) -> None:
     """Make ``parser.error`` print ``<prog>: error: <argparse's message> (did you mean ...?)`` and where the
     options are listed, and exit with argparse's status 2, without the usage argparse prints first; a choice
-    list of 30 or more (``--arch``: every architecture fairseq registers) is cut to its count."""
+    list of 30 or more (``--arch``: every architecture fairseq registers) is cut to its count when a close
+    choice is named."""
 
     def error(message):
-        choices = re.search(r" \(choose from (.*)\)$", message)
         hint = did_you_mean(message, parser)
-        if choices and choices.group(1).count("', '") >= 30:  # --arch: every registered architecture, 300 of them
-            message = message[:choices.start()] + f" ({choices.group(1).count(', ') + 1} choices, listed by --help)"
-        model = " (with --arch <preset> before it, the model's too)" if "--arch" in long_options(parser) else ""
-        parser.exit(2, f"{parser.prog}: error: {message}{hint}; {parser.prog} --help "
-                       f"lists the options{model}\n")
+        choices = re.search(r" \(choose from (.*)\)$", message)
+        if hint and choices and choices.group(1).count("', '") >= 29:
+            message = message[:choices.start()] + f" (one of {choices.group(1).count(', ') + 1} choices)"
+        model = (" (with --arch <preset> before it, the model's too)"
+                 if any(isinstance(a, ModelHelpAction) for a in parser._actions) else "")
+        parser.exit(2, f"{parser.prog}: error: {message}{hint}; {parser.prog} --help lists the options{model}\n")
 
     parser.error = error
 

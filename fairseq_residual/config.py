@@ -151,34 +151,58 @@ def check_model_keys(cfg, known) -> None:
                            f"(a key added with '+' is not checked by Hydra): fix the name, or drop it")
 
 
+def _keys(section) -> set:
+    """The keys of a configuration section: a dict / DictConfig's, or a Namespace's attributes; none else."""
+    if isinstance(section, argparse.Namespace):
+        return set(vars(section))
+    return set(section.keys()) if hasattr(section, "keys") else set()
+
+
 def check_override_keys(overrides, cfg, model_keys) -> None:
     """Refuse a ``--model-overrides`` key that nothing reads. fairseq applies the overrides to a loaded
     checkpoint's configuration by name (``fairseq/dataclass/utils.py``, ``overwrite_args_by_name``): a key no
     section holds is dropped, and every key is set on a model configuration saved as a Namespace (this plugin's),
     where a misspelt one (``{'encoder_layer': 3}``) is read by nobody, so the tool runs the model as saved
-    without a word.
+    without a word. A section's dict (``{'task': {'data': ...}}``) is applied key by key to a section saved as a
+    config, whose keys are checked; to a section saved as a Namespace (the model's) it is set as one more
+    attribute and read by nobody, so it is refused with the top-level form.
 
     Args:
-        overrides: the ``arg_overrides`` dict (``--model-overrides``, evaluated); a key naming a configuration
-            section (``{'task': {...}}``) counts as known.
+        overrides: the keys typed in ``--model-overrides`` (a dict, evaluated).
         cfg: the loaded checkpoint's configuration (a dict or DictConfig of sections), read before the
-            overrides are applied or after: only its sections other than ``model`` are read.
-        model_keys: the keys the model reads (:meth:`ResidualTransformerModel.known_model_keys`).
+            overrides are applied (a model section saved as a Namespace may be read after: it is not read).
+        model_keys: the keys the model reads (:meth:`ResidualTransformerModel.known_model_keys`), the known keys
+            of a model section saved as a Namespace.
 
     Raises:
-        SettingError: naming each unknown key, the closest known one and the fix.
+        SettingError: naming each unknown key (``section.key`` inside a section's dict), the closest known one
+            and the fix; or a section's dict for the model.
     """
-    known = set(model_keys) | set(cfg.keys())
-    for name in cfg.keys():
-        section = cfg[name]
-        if name != "model" and hasattr(section, "keys"):
-            known.update(section.keys())
-    unknown = sorted(k for k in overrides if k not in known)
+    sections = {name: cfg[name] for name in cfg.keys()}
+    model = sections.get("model")
+    # a model saved as a Namespace takes any key and reads its options; one saved as a config (by
+    # fairseq-hydra-train) takes only the keys it holds
+    known = set(sections) | (set(model_keys) if isinstance(model, argparse.Namespace) or model is None
+                             else _keys(model))
+    for name, section in sections.items():
+        if name != "model":
+            known |= _keys(section)
+    unknown = []
+    for key, value in overrides.items():
+        if key not in known:
+            unknown.append((key, closest(key, known)))
+        elif isinstance(value, dict) and key in sections:
+            section = sections[key]
+            if isinstance(section, argparse.Namespace):
+                inner = ", ".join(f"{k!r}: {v!r}" for k, v in value.items())
+                raise SettingError(f"--model-overrides {{{key!r}: {{...}}}}: this checkpoint saved its {key} "
+                                   f"settings as a Namespace, where fairseq sets the dict as one more setting and "
+                                   f"nothing reads it; give its keys at the top level: {{{inner}}}")
+            inner_known = _keys(section)
+            unknown += [(f"{key}.{k}", None if (c := closest(k, inner_known)) is None else f"{key}.{c}")
+                        for k in value if k not in inner_known]
     if unknown:
-        names = []
-        for key in unknown:
-            close = closest(key, known)
-            names.append(repr(key) + (f" (did you mean {close!r}?)" if close else ""))
+        names = [repr(k) + (f" (did you mean {c!r}?)" if c else "") for k, c in sorted(unknown)]
         raise SettingError(f"--model-overrides {', '.join(names)}: {'no option' if len(names) == 1 else 'no options'} "
                            f"of this checkpoint's model or of fairseq, so fairseq would ignore "
                            f"{'it' if len(names) == 1 else 'them'} and run the model as saved: fix the key, or drop it")

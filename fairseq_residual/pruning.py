@@ -22,7 +22,7 @@ from typing import Dict, List
 
 from torch import Tensor
 
-from .user_errors import SettingError
+from .user_errors import SettingError, advice_for_this_tool
 
 STACKS = ("encoder", "decoder")
 
@@ -54,13 +54,16 @@ def prune_to_kept_layers(state_dict: Dict[str, Tensor], options) -> Dict[str, Te
         held = held_layers(state_dict, f"{stack}.")
         if not held or held == list(range(len(kept))):  # as the model holds them (pruned or whole)
             continue
-        if held != list(range(depth)) and len(kept) == depth:  # no list: the depth itself differs
+        if held != list(range(depth)) and len(kept) == depth:  # every layer kept: the depth itself differs
+            fix = advice_for_this_tool(
+                f"a --model-overrides of {stack}_layers or {stack}_layers_to_keep changed the model the checkpoint "
+                f"was trained as: drop it (a trained model's depth cannot change at load; a model trained pruned "
+                f"loads with the {stack}_layers_to_keep it was trained with)",
+                f"train with --{stack}-layers {len(held)}, as the checkpoint was, or start from another checkpoint "
+                f"(--restore-file, --finetune-from-model)")
             raise SettingError(
-                f"this model is built with {depth} {stack} layers ({stack}_layers {depth}, {stack}_layers_to_keep "
-                f"not set), but the checkpoint holds {len(held)} {stack} layers: a --model-overrides of "
-                f"{stack}_layers or {stack}_layers_to_keep changed the model the checkpoint was trained as; drop "
-                f"it (a trained model's depth cannot change at load; a model trained pruned loads with the "
-                f"{stack}_layers_to_keep it was trained with)"
+                f"this model is built with {depth} {stack} layers ({stack}_layers {depth}, every layer kept), but "
+                f"the checkpoint holds {len(held)} {stack} layers: {fix}"
             )
         if held != list(range(depth)):
             raise SettingError(

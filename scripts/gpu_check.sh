@@ -223,7 +223,7 @@ if [ "$RANKING_S" -gt 0 ]; then  # opt-in, after the checks and on its own time:
     if { [ "$rank_rc" = 124 ] || [ "$rank_rc" = 137 ]; } && [ -n "$done_budgets" ]; then
         failed=$failed_before
         echo "== ranking: cut short by RANKING_S=${RANKING_S}s after the ${done_budgets}-update budget, whose" \
-             "report stands ($OUT/ranking/ranking.md); not counted as a failure"
+             "report stands ($OUT/ranking/ranking-u${done_budgets}.md); not counted as a failure"
     fi
 fi
 

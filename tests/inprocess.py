@@ -18,7 +18,7 @@ import traceback
 
 #: the console scripts this module runs in-process: name -> fairseq_cli module
 TOOLS = {"fairseq-train": "fairseq_cli.train", "fairseq-generate": "fairseq_cli.generate",
-         "fairseq-preprocess": "fairseq_cli.preprocess"}
+         "fairseq-preprocess": "fairseq_cli.preprocess", "fairseq-validate": "fairseq_cli.validate"}
 #: the loggers whose INFO lines make the tools' output
 LOGGERS = ("fairseq", "fairseq_cli", "fairseq_residual", "train", "train_inner", "valid")
 

@@ -95,9 +95,14 @@ def test_argparse_errors_are_one_line_with_the_closest_option(monkeypatch, capsy
                    "fairseq-generate --help lists the options\n")
     err = error_of("fairseq-train", ["bin", "--user-dir", USER_DIR, "--arch", "residual_transformr"],
                    options.get_training_parser)
-    assert re.fullmatch(r"fairseq-train: error: argument --arch/-a: invalid choice: 'residual_transformr' \(\d+ "
-                        r"choices, listed by --help\) \(did you mean residual_transformer\?\); fairseq-train --help "
+    assert re.fullmatch(r"fairseq-train: error: argument --arch/-a: invalid choice: 'residual_transformr' \(one of "
+                        r"\d+ choices\) \(did you mean residual_transformer\?\); fairseq-train --help "
                         r"lists the options \(with --arch <preset> before it, the model's too\)\n", err), err
+    err = error_of("fairseq-train", ["bin", "--user-dir", USER_DIR, "--arch", "transformer", "--hc-streams", "4"],
+                   options.get_training_parser)
+    assert "--hc-streams 4 (--hc-streams is an option of the residual_transformer presets: --arch " in err
+    err = error_of("fairseq-train", ["bin", "--user-dir", USER_DIR, "--arch", "zzz"], options.get_training_parser)
+    assert "invalid choice: 'zzz' (choose from 'transformer_tiny', " in err  # nothing close: the whole list
     err = error_of("fairseq-train", ["bin", "--user-dir", USER_DIR, "--arch", "residual_transformer_tiny",
                                      "--residual-scheme", "zzz"], options.get_training_parser)
     assert "invalid choice: 'zzz' (choose from 'post_ln', 'pre_ln'," in err and "did you mean" not in err
@@ -198,6 +203,13 @@ def test_a_model_trained_pruned_translates_and_resumes(tiny_data_bin, tmp_path):
     with pytest.raises(AssertionError, match=r"--model-overrides 'encoder_layers_to_kep' \(did you mean "
                                              r"'encoder_layers_to_keep'\?\): no option of this checkpoint's model"):
         translate(data_bin, whole / "checkpoint_last.pt", "--model-overrides", "{'encoder_layers_to_kep': '1'}")
+    # fairseq-validate hands every option typed to the loader as an override: only --model-overrides' are checked
+    validate = ["fairseq-validate", data_bin, "--user-dir", USER_DIR, "--path", whole / "checkpoint_last.pt",
+                "--task", "translation", "--max-tokens", 600, "--criterion", "label_smoothed_cross_entropy",
+                "--label-smoothing", "0.1", "--num-workers", 0]
+    assert re.search(r"valid on 'valid' subset \| loss", fairseq_main(*validate, "--model-overrides", "{'dropout': 0.1}"))
+    with pytest.raises(AssertionError, match=r"--model-overrides 'dropuot' \(did you mean 'dropout'\?\)"):
+        fairseq_main(*validate, "--model-overrides", "{'dropuot': 0.1}")
     with pytest.raises(AssertionError, match=r"checkpoint holds 1 encoder layers: a --model-overrides of encoder_layers or encoder_layers_to_keep"):
         translate(data_bin, save / "checkpoint_last.pt", "--max-len-b", "5",
                   "--model-overrides", "{'encoder_layers_to_keep': None}")

@@ -547,8 +547,8 @@ def test_pruning_keeps_the_stack_without_a_list_and_a_pruned_checkpoint_as_it_is
         prune_to_kept_layers(pruned, options)
     unpruned = SchemeOptions(scheme="lns", params={}, encoder_layers=4, decoder_layers=2,  # a depth override
                              encoder_kept=(0, 1, 2, 3), decoder_kept=(0, 1))
-    with pytest.raises(ValueError, match=r"built with 4 encoder layers \(encoder_layers 4, encoder_layers_to_keep not "
-                                         r"set\), but the checkpoint holds 1 encoder layers: a --model-overrides"):
+    with pytest.raises(ValueError, match=r"built with 4 encoder layers \(encoder_layers 4, every layer kept\), but the checkpoint "
+                                         r"holds 1 encoder layers: .*fairseq-train: train with --encoder-layers 1"):
         prune_to_kept_layers(pruned, unpruned)
 
 

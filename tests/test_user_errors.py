@@ -327,6 +327,28 @@ def test_a_model_overrides_key_nothing_reads_is_refused():
                                            r"'zzz': no options of this checkpoint's model or of fairseq, so fairseq "
                                            r"would ignore them"):
         check_override_keys({"zzz": 1, "hc_stream": 3, "dropout": 0.1}, cfg, known)
+    with pytest.raises(SettingError, match=r"^--model-overrides 'task.dat' \(did you mean 'task.data'\?\): no option"):
+        check_override_keys({"task": {"dat": "x"}}, cfg, known)  # a section's dict: its keys are checked
+    with pytest.raises(SettingError, match=r"^--model-overrides \{'model': \{\.\.\.\}\}: this checkpoint saved its model "
+                                           r"settings as a Namespace, .* at the top level: \{'dropout': 0\.0\}"):
+        check_override_keys({"model": {"dropout": 0.0}}, cfg, known)
+    # a model saved as a config (fairseq-hydra-train) takes only the keys it holds
+    hydra = dict(cfg, model={"_name": "residual_transformer_tiny", "dropout": 0.1})
+    check_override_keys({"dropout": 0.0, "model": {"dropout": 0.0}}, hydra, known)
+    with pytest.raises(SettingError, match=r"^--model-overrides 'hc_streams': no option"):
+        check_override_keys({"hc_streams": 2}, hydra, known)
+
+
+def test_only_the_typed_model_overrides_are_checked():
+    """fairseq-validate hands the loader every option of its command line as an override too: only the dict
+    typed after --model-overrides is checked."""
+    from fairseq_residual.checkpoint_safety import typed_model_overrides
+
+    assert typed_model_overrides(["bin", "--model-overrides", "{'dropout': 0.1}", "--task", "translation"]) == {
+        "dropout": 0.1}
+    assert typed_model_overrides(["bin", "--model-overrides={'a': 1}"]) == {"a": 1}
+    assert typed_model_overrides(["bin", "--label-smoothing", "0.1"]) is None
+    assert typed_model_overrides(["bin", "--model-overrides", "{'a': x}"]) is None  # fairseq fails on it itself
 
 
 def test_a_scheme_option_saved_in_a_checkpoint_names_the_override_when_loading(monkeypatch):
