@@ -9,6 +9,7 @@ trains it all with fairseq.
 import json
 import math
 import os
+import re
 import shlex
 
 import pytest
@@ -169,6 +170,7 @@ def test_dry_run_lists_the_selection_cells_and_trains_nothing(fake_study, capsys
     assert "post_ln warm6 seed 1 lr 0.004 (selection, 4 updates)" in out
     assert "post_ln warm12 seed 1 lr 0.001 (selection, 4 updates)" in out
     assert "then seeds 2,3,4 of every row and condition at the row's chosen learning rate" in out
+    assert not re.search(r"seed \d+: ", out)  # no cell without a rate (the --seeds grid does not run here)
     assert fake.calls == []
 
 

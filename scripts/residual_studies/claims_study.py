@@ -107,7 +107,7 @@ def study(args):
     rate = args.lr_by_row or {}  # --lr-from: each row's rate; else --lr (None)
     cells = [(r, c, k) for c in args.conditions for r in rows for k in args.seeds]
     if args.dry_run:
-        for r, c, k in cells:
+        for r, c, k in ([] if args.lr_grid else cells):  # with --lr-grid the seeds are --tune-seeds', below
             print(f"{r} {c} seed {k}" + (f" lr {rate[r]:g}" if r in rate else "") +
                   f": {cell_folder(args, data, r, c, k, rate.get(r))}")
         if args.lr_grid:
