@@ -9,9 +9,9 @@ fairseq's ``models/wav2vec/wav2vec2_classification.py`` calls ``logging.basicCon
 fairseq's models are imported, so fairseq-generate (which configures logging after that import) logs at DEBUG:
 the root logger is set back to fairseq's ``LOGLEVEL`` (default INFO) in those tools.
 
-torch's deprecation of ``torch.cuda.amp.autocast``, which fairseq's training step calls, and its warning about
-the ``pin_memory=True`` fairseq's data iterators pass on a machine without a GPU are silenced in every fairseq tool,
-fairseq-hydra-train included.
+torch's deprecation of ``torch.cuda.amp.autocast``, which fairseq's training step calls, its warning about the
+``pin_memory=True`` fairseq's data iterators pass on a machine without a GPU, and its deprecation of the mixed
+attention masks fairseq's attention passes are silenced in every fairseq tool, fairseq-hydra-train included.
 
 Only those messages, matched from their start, and only in the tools :func:`.user_errors.tool_name` names
 (``fairseq-hydra-train`` is left alone: there the package-header warning may be about the user's own config
@@ -38,10 +38,13 @@ FAIRSEQ_HYDRA_DEPRECATIONS = (
 #: warnings about fairseq 0.12's own calls into torch, silenced in every fairseq tool, each with its category: the
 #: training step's ``torch.cuda.amp.autocast(...)`` (``fairseq/tasks/fairseq_task.py``, once per run), and the
 #: ``pin_memory=True`` fairseq's data iterators always pass (``fairseq/data/iterators.py``), which torch warns
-#: about on a machine without a GPU (once per data loader)
+#: about on a machine without a GPU (once per data loader), and the decoder's causal float ``attn_mask`` beside a
+#: boolean ``key_padding_mask`` that fairseq's ``MultiheadAttention`` hands to torch's fused attention
+#: (``fairseq/modules/multihead_attention.py``, once per run)
 FAIRSEQ_TORCH_WARNINGS = (
     (r"\s*`torch\.cuda\.amp\.autocast\(args\.\.\.\)` is deprecated", FutureWarning),
     (r"'pin_memory' argument is set as true but no accelerator is found", UserWarning),
+    (r"Support for mismatched key_padding_mask and attn_mask is deprecated", UserWarning),
 )
 
 

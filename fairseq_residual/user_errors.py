@@ -197,9 +197,17 @@ def advice_for_this_tool(loading: str, training: str) -> str:
 def report(exc: BaseException, program: str, stream) -> bool:
     """Write one line, ``<program>: error: <message>`` (:func:`user_message`) and the way back to the traceback,
     to ``stream`` unless ``FAIRSEQ_RESIDUAL_FULL_ERROR`` is ``1``; returns whether it did. One line, so that what
-    reads a log's last line (the studies' failure reasons, a SLURM log's tail) reads all of it."""
+    reads a log's last line (the studies' failure reasons, a SLURM log's tail) reads all of it. A
+    ``KeyboardInterrupt`` (Ctrl-C) is reported as an interruption, with fairseq-train's way to resume (Python
+    still exits through SIGINT, status 130 in a shell)."""
     if os.environ.get(FULL_ERROR_VAR) == "1":
         return False
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: not an error, and its traceback says nothing to the user
+        resume = ("; the same command resumes from the newest complete checkpoint in its --save-dir (the updates "
+                  "since that save are trained again)" if program == "fairseq-train" else "")
+        stream.write(f"{program}: interrupted (Ctrl-C){resume}\n")
+        stream.flush()
+        return True
     message = user_message(exc)
     if message is None:
         return False

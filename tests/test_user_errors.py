@@ -244,6 +244,14 @@ def test_user_input_errors_are_one_message_and_keep_their_builtin_base(monkeypat
                               "(FAIRSEQ_RESIDUAL_FULL_ERROR=1 shows the traceback)\n")
     out = io.StringIO()
     assert not user_errors.report(ValueError("a bug"), "fairseq-train", out) and out.getvalue() == ""
+    out = io.StringIO()
+    assert user_errors.report(KeyboardInterrupt(), "fairseq-train", out) and out.getvalue() == (
+        "fairseq-train: interrupted (Ctrl-C); the same command resumes from the newest complete checkpoint in its "
+        "--save-dir (the updates since that save are trained again)\n")
+    out = io.StringIO()
+    assert user_errors.report(KeyboardInterrupt(), "fairseq-generate", out)
+    assert out.getvalue() == "fairseq-generate: interrupted (Ctrl-C)\n"
+    out = io.StringIO()
     monkeypatch.setenv(user_errors.FULL_ERROR_VAR, "1")
     assert not user_errors.report(OptionError("x"), "fairseq-train", out) and out.getvalue() == ""
     monkeypatch.setenv(user_errors.FULL_ERROR_VAR, "0")
@@ -573,6 +581,7 @@ def test_hydra_deprecations_about_fairseqs_code_are_silenced_in_its_tools(argv0,
                 "instead.")
     pin = ("'pin_memory' argument is set as true but no accelerator is found, then device pinned memory won't be "
            "used.")
+    masks = "Support for mismatched key_padding_mask and attn_mask is deprecated. Use same type for both instead."
     level = logging.root.level
     try:
         logging.root.setLevel(logging.DEBUG)
@@ -583,9 +592,10 @@ def test_hydra_deprecations_about_fairseqs_code_are_silenced_in_its_tools(argv0,
                 warnings.warn(message, UserWarning)
             warnings.warn(autocast, FutureWarning)
             warnings.warn(pin, UserWarning)
+            warnings.warn(masks, UserWarning)
         fairseq_tool = argv0 != "/usr/bin/ipython"
         assert [str(w.message) for w in shown] == ([other] if quiet else [*fairseqs, other]) + (
-            [] if fairseq_tool else [autocast, pin])
+            [] if fairseq_tool else [autocast, pin, masks])
         assert logging.root.level == (logging.INFO if quiet else logging.DEBUG)
     finally:
         logging.root.setLevel(level)
