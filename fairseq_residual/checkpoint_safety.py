@@ -553,8 +553,11 @@ def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, stric
 
     Raises:
         MissingFileError: a file of ``filenames`` does not exist.
-        SettingError: a file of ``filenames`` is a folder (a ``--save-dir``); the message lists its checkpoints.
+        SettingError: a file of ``filenames`` is a folder (a ``--save-dir``); the message lists its checkpoints;
+            or, in fairseq's loading tools, residual options typed on the command line, which fairseq ignores
+            there (:func:`typed_residual_options`).
     """
+    _refuse_typed_model_options()
     if state is None and num_shards == 1 and not suffix:
         for path in filenames:
             if PathManager.path_requires_pathmanager(path):
@@ -564,6 +567,41 @@ def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, stric
             if not os.path.exists(path):
                 raise MissingFileError(_missing_message(path))
     return _stock_load_model_ensemble_and_task(filenames, arg_overrides, task, strict, suffix, num_shards, state)
+
+
+def typed_residual_options(argv=None):
+    """The residual options (``--residual-scheme``, ``--norm`` and its options, every scheme's) typed on this
+    process's command line (``sys.argv``), in the order typed."""
+    import argparse
+    import sys
+
+    from .config import add_residual_args
+    from .user_errors import long_options
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_residual_args(parser)
+    known = set(long_options(parser))
+    argv = sys.argv[1:] if argv is None else argv
+    return [a.split("=")[0] for a in argv if a.split("=")[0] in known]
+
+
+def _refuse_typed_model_options() -> None:
+    """In fairseq's loading tools but fairseq-validate, refuse residual options typed on the command line: with
+    ``--arch residual_transformer`` fairseq-generate parses them and then builds the model from the checkpoint's
+    saved settings, so they would change nothing, without a word (fairseq-validate hands every option typed to
+    the loader as an override, so there they apply, and are checked as ``--model-overrides`` are)."""
+    from .user_errors import LOADING_TOOLS, running_tool
+
+    if running_tool() not in LOADING_TOOLS or running_tool() == "fairseq-validate":
+        return
+    typed = typed_residual_options()
+    if typed:
+        tool = running_tool()
+        keys = ", ".join(f"'{t[2:].replace('-', '_')}': ..." for t in typed)
+        raise SettingError(
+            f"{' '.join(typed)}: {tool} builds the model from the checkpoint's saved settings and ignores model "
+            f"options on its command line; drop {'it' if len(typed) == 1 else 'them'} (the checkpoint names its "
+            f"scheme), or change a setting at load with --model-overrides \"{{{keys}}}\"")
 
 
 def install():

@@ -81,13 +81,18 @@ def did_you_mean(message: str, parser) -> str:
     """`` (did you mean X?)`` for argparse's error ``message`` about ``parser``'s command line: the closest
     option to the first unrecognized ``--option`` (compared without the dashes), or the closest choice to an
     invalid one; for an option of this plugin's model that this command line's ``--arch`` does not take, where
-    it belongs; ``""`` when nothing is close (difflib's ratio below 0.6) or the message is of another kind."""
+    it belongs (in a tool that loads a checkpoint: ``--model-overrides``); ``""`` when nothing is close (difflib's ratio below 0.6) or the message is of another kind."""
     unknown = re.match(r"unrecognized arguments: (.*)", message)
     if unknown:
         typed = [a.split("=")[0] for a in unknown.group(1).split() if a.startswith("--")]
         if not typed:
             return ""
         if typed[0] in _plugin_model_options():
+            if not any(isinstance(a, ModelHelpAction) for a in parser._actions) and running_tool() != \
+                    "fairseq-validate":  # a tool that loads a checkpoint (fairseq-validate: --arch makes it apply)
+                key = typed[0][2:].replace("-", "_")
+                return (f" ({typed[0]} is a model option: this tool reads the model's settings from the checkpoint; "
+                        f"change one with --model-overrides \"{{'{key}': ...}}\")")
             return f" ({typed[0]} is an option of the {MODEL_NAME} presets: --arch {MODEL_NAME} or another of them)"
         close = closest(typed[0][2:], [o[2:] for o in long_options(parser)])
         return f" (did you mean --{close}?)" if close else ""

@@ -106,6 +106,9 @@ def test_argparse_errors_are_one_line_with_the_closest_option(monkeypatch, capsy
     err = error_of("fairseq-train", ["bin", "--user-dir", USER_DIR, "--arch", "residual_transformer_tiny",
                                      "--residual-scheme", "zzz"], options.get_training_parser)
     assert "invalid choice: 'zzz' (choose from 'post_ln', 'pre_ln'," in err and "did you mean" not in err
+    err = error_of("fairseq-generate", ["bin", "--user-dir", USER_DIR, "--hc-streams", "4"])
+    assert ("(--hc-streams is a model option: this tool reads the model's settings from the checkpoint; change one "
+            "with --model-overrides \"{'hc_streams': ...}\")") in err
     err = error_of("python", ["bin", "--user-dir", USER_DIR, "--bem", "4"])
     assert err.startswith("usage: ") and "did you mean" not in err
 
@@ -203,6 +206,10 @@ def test_a_model_trained_pruned_translates_and_resumes(tiny_data_bin, tmp_path):
     with pytest.raises(AssertionError, match=r"--model-overrides 'encoder_layers_to_kep' \(did you mean "
                                              r"'encoder_layers_to_keep'\?\): no option of this checkpoint's model"):
         translate(data_bin, whole / "checkpoint_last.pt", "--model-overrides", "{'encoder_layers_to_kep': '1'}")
+    # fairseq-generate parses model options after --arch, then builds the checkpoint's saved model: refused
+    with pytest.raises(AssertionError, match=r"--residual-scheme: fairseq-generate builds the model from the "
+                                             r"checkpoint's saved settings and ignores model options"):
+        translate(data_bin, whole / "checkpoint_last.pt", "--arch", "residual_transformer", "--residual-scheme", "lns")
     # fairseq-validate hands every option typed to the loader as an override: only --model-overrides' are checked
     validate = ["fairseq-validate", data_bin, "--user-dir", USER_DIR, "--path", whole / "checkpoint_last.pt",
                 "--task", "translation", "--max-tokens", 600, "--criterion", "label_smoothed_cross_entropy",
