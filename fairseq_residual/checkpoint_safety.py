@@ -326,6 +326,30 @@ def resume_candidates(save_dir: str, suffix: str = "", model=None, need_optimize
 
 
 def load_checkpoint(cfg, trainer, **passthrough_args):
+    """:func:`resume_from_this_run`, then, when the checkpoint loaded is already at ``--max-update``, the end of
+    the run: stock fairseq trains one more update before it checks the limit, and saves it over
+    ``checkpoint_last.pt`` / ``checkpoint_best.pt``, so running a finished command again changed its result. An
+    info line says so and the process exits with status 0, nothing trained or saved (``--max-update 0``, no
+    limit, and ``--reset-optimizer``, which restarts the count, are fairseq's).
+
+    Returns:
+        fairseq's ``(extra_state, epoch_itr)``.
+
+    Raises:
+        SystemExit: status 0, when the run is already at ``--max-update``.
+    """
+    result = resume_from_this_run(cfg, trainer, **passthrough_args)
+    max_update = getattr(trainer.cfg.optimization, "max_update", 0) or 0
+    done = trainer.get_num_updates()
+    if max_update > 0 and done >= max_update and result[0] is not None:
+        logger.info(f"the checkpoint loaded is at update {done}, --max-update {max_update} "
+                    f"(optimization.max_update): this training is done; nothing trained or saved (raise "
+                    f"--max-update to train on)")
+        raise SystemExit(0)
+    return result
+
+
+def resume_from_this_run(cfg, trainer, **passthrough_args):
     """fairseq's ``checkpoint_utils.load_checkpoint``, resuming from the right checkpoint of a save dir.
 
     Only the default ``--restore-file checkpoint_last.pt`` is redirected; an explicit ``--restore-file``,

@@ -197,6 +197,11 @@ def test_a_model_trained_pruned_translates_and_resumes(tiny_data_bin, tmp_path):
     resumed = load_checkpoint(save / "checkpoint_last.pt")
     assert resumed["optimizer_history"][-1]["num_updates"] == 3
     assert resumed["cfg"]["model"].encoder_layers_to_keep == "2"  # the resumed run kept its list
+    # the same command again: done, nothing trained or saved (stock fairseq trains update 4 and saves it)
+    before = (save / "checkpoint_last.pt").read_bytes()
+    log = train(data_bin, save, *flags, max_update=3)
+    assert "the checkpoint loaded is at update 3, --max-update 3 (optimization.max_update): this training is done" in log
+    assert (save / "checkpoint_last.pt").read_bytes() == before
 
     whole = tmp_path / "whole"
     train(data_bin, whole, "--arch", "residual_transformer_tiny", "--residual-scheme", "lns", max_update=1)
