@@ -339,9 +339,9 @@ def load_checkpoint(cfg, trainer, **passthrough_args):
         SystemExit: status 0, when the run is already at ``--max-update``.
     """
     result = resume_from_this_run(cfg, trainer, **passthrough_args)
-    max_update = getattr(trainer.cfg.optimization, "max_update", 0) or 0
-    done = trainer.get_num_updates()
-    if max_update > 0 and done >= max_update and result[0] is not None:
+    max_update = getattr(getattr(getattr(trainer, "cfg", None), "optimization", None), "max_update", 0) or 0
+    if max_update > 0 and result[0] is not None and trainer.get_num_updates() >= max_update:
+        done = trainer.get_num_updates()
         logger.info(f"the checkpoint loaded is at update {done}, --max-update {max_update} "
                     f"(optimization.max_update): this training is done; nothing trained or saved (raise "
                     f"--max-update to train on)")
