@@ -242,6 +242,32 @@ def _misfit(saved: dict, model) -> Optional[str]:
     return "another model: " + "; ".join(named[:3]) + (" ..." if len(named) > 3 else "")
 
 
+def settings_differ(path: str, trainer, limit: int = 6):
+    """The model settings (keys of :meth:`ResidualTransformerModel.known_model_keys`) in which the checkpoint
+    ``path`` was trained otherwise than ``trainer``'s run, as ``(key, theirs, this run's)``, at most ``limit``
+    (layers and widths first); ``[]`` when the file cannot be read or saved no model settings."""
+    from .model import ResidualTransformerModel
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        saved = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
+    except Exception:  # noqa: BLE001 - only an explanation is lost: the refusal itself stands
+        return []
+    mine = getattr(getattr(trainer, "cfg", None), "model", None)
+    if saved is None or mine is None:
+        return []
+    first = ("encoder_layers", "decoder_layers", "encoder_embed_dim", "decoder_embed_dim", "encoder_ffn_embed_dim",
+             "decoder_ffn_embed_dim")
+    keys = sorted(ResidualTransformerModel.known_model_keys(), key=lambda k: (k not in first, k))
+    missing = object()
+    found = []
+    for key in keys:
+        theirs, ours = getattr(saved, key, missing), getattr(mine, key, missing)
+        if theirs is not missing and ours is not missing and theirs != ours and not key.startswith("_"):
+            found.append((key, theirs, ours))
+    return found[:limit]
+
+
 def trained_scheme(model_state: dict) -> Optional[str]:
     """The residual scheme the encoder of a checkpoint's model state (its ``model``) was trained with, from its
     ``residual_scheme_id`` buffer; None for a state without one (not this plugin's) or with an unknown id."""
@@ -386,10 +412,15 @@ def resume_from_this_run(cfg, trainer, **passthrough_args):
         (c for c in rejected if c.misfit and os.path.abspath(c.path) == os.path.abspath(last)), None)
     if foreign:  # before the warnings about each checkpoint: the refusal says it for all of them
         scheme = foreign.scheme
+        differ = [] if scheme and "residual scheme" in foreign.problem else settings_differ(last, trainer)
         settings = (f"--residual-scheme {scheme} (model.residual_scheme={scheme})"
-                    if scheme and "residual scheme" in foreign.problem else "the settings it was trained with")
+                    if scheme and "residual scheme" in foreign.problem
+                    else " ".join(f"--{k.replace('_', '-')} {v}" for k, v, _ in differ) + " as it was trained"
+                    if differ else "the settings it was trained with")
+        problem = foreign.problem if not differ else (
+            "it was trained with " + ", ".join(f"{k} {v} (this run: {mine})" for k, v, mine in differ))
         raise ForeignCheckpointError(
-            f"{last} is not a checkpoint of this run's model: {foreign.problem}; {cfg.save_dir} holds no "
+            f"{last} is not a checkpoint of this run's model: {problem}; {cfg.save_dir} holds no "
             f"checkpoint of this run to resume from. Resume with {settings}, or point --save-dir "
             f"(checkpoint.save_dir) elsewhere to train this model from scratch (nothing was loaded or overwritten)"
         )

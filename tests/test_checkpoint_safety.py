@@ -387,6 +387,25 @@ def test_a_save_dir_of_another_scheme_is_refused_with_its_reason(foreign_checkpo
     assert sorted(os.listdir(save)) == ["checkpoint_1_6.pt", "checkpoint_last.pt"]
 
 
+def test_a_save_dir_of_other_sizes_names_the_settings(foreign_checkpoints, tiny_data_bin, tmp_path):
+    """Resuming with another size (here the FFN width) in a save dir of the other size: the refusal names the
+    setting, the checkpoint's value and this run's, and resuming with it, not only the tensors' shapes."""
+    import shutil
+
+    _, data_bin = tiny_data_bin
+    save = tmp_path / "ckpt"
+    save.mkdir()
+    shutil.copyfile(foreign_checkpoints["shape"], save / "checkpoint_last.pt")  # --encoder-ffn-embed-dim 32
+    with pytest.raises(AssertionError) as raised:
+        fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 5, *TRAIN)
+    message = str(raised.value).split("\n")[0]
+    # the preset's decoder FFN follows the encoder's: both differ
+    assert re.search(r"checkpoint_last\.pt is not a checkpoint of this run's model: it was trained with "
+                     r"decoder_ffn_embed_dim 32 \(this run: 64\), encoder_ffn_embed_dim 32 \(this run: 64\); .* "
+                     r"Resume with --decoder-ffn-embed-dim 32 --encoder-ffn-embed-dim 32 as it was trained, or point "
+                     r"--save-dir", message), message
+
+
 def test_an_explicit_restore_file_of_another_scheme_ends_on_one_line(foreign_checkpoints, tiny_data_bin, tmp_path):
     """fairseq-train --restore-file <a checkpoint of another scheme> is fairseq's own load, which wraps the plugin's
     refusal in its bare 'Cannot load model parameters' Exception: the tool still ends on one line, the plugin's
