@@ -97,6 +97,9 @@ def did_you_mean(message: str, parser) -> str:
         close = closest(typed[0][2:], [o[2:] for o in long_options(parser)])
         return f" (did you mean --{close}?)" if close else ""
     choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    tiny = re.fullmatch(rf"{MODEL_NAME}_tiny_(\w+)", choice.group(1)) if choice else None
+    if tiny and tiny.group(1) in SCHEME_NAMES:  # the tiny preset has no per-scheme variants
+        return f" (did you mean --arch {MODEL_NAME}_tiny --residual-scheme {tiny.group(1)}?)"
     if choice:
         close = closest(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
         return f" (did you mean {close}?)" if close else ""

@@ -124,17 +124,36 @@ def _one_line(message: str) -> str:
 
 def _stock_message(exc: BaseException):
     """The one-line report for a stock fairseq failure whose own message is cryptic, or None: ``KeyError: None`` at
-    ``TASK_REGISTRY[args.task]`` in ``fairseq/options.py`` (``fairseq-validate`` has no default ``--task``)."""
+    ``TASK_REGISTRY[args.task]`` in ``fairseq/options.py`` (``fairseq-validate`` has no default ``--task``); a bare
+    ``RuntimeError()`` there (no ``--arch``); a ``--model-overrides`` that is no Python dict literal (fairseq's
+    tools evaluate it: ``ValueError: malformed node or string``, or fairseq-validate's ``eval``: ``NameError``);
+    fairseq-validate's ``AssertionError`` without ``--max-tokens`` or ``--batch-size``."""
+    frames = []
     tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        frames.append((os.path.basename(os.path.dirname(code.co_filename)), os.path.basename(code.co_filename),
+                       code.co_name))
         tb = tb.tb_next
-    if tb is None:
+    if not frames:
         return None
-    where = (os.path.basename(os.path.dirname(tb.tb_frame.f_code.co_filename)),
-             os.path.basename(tb.tb_frame.f_code.co_filename), tb.tb_frame.f_code.co_name)
+    where = frames[-1]
     if type(exc) is KeyError and exc.args == (None,) and where == ("fairseq", "options.py", "parse_args_and_arch"):
         return ("no --task given, and this tool has no default task: add the task the model was trained with "
                 "(--task translation for this plugin's translation models), with --max-tokens 4096 or --batch-size")
+    if type(exc) is RuntimeError and not exc.args and where == ("fairseq", "options.py", "parse_args_and_arch"):
+        return ("no --arch given (or one no model registers): add --arch residual_transformer, or one of its "
+                "presets (fairseq-train --user-dir fairseq_residual --help lists them)")
+    from_cli = any(d == "fairseq_cli" for d, _, _ in frames)
+    if from_cli and type(exc) in (ValueError, SyntaxError, NameError) and any(
+            a.startswith("--model-overrides") for a in sys.argv) and (
+            type(exc) is not ValueError or str(exc).startswith("malformed node or string")):
+        detail = "" if type(exc) is ValueError else f" ({type(exc).__name__}: {exc})"
+        return (f"--model-overrides is not a Python dict literal{detail}: quote its keys and string values, the "
+                f"whole in double quotes for the shell: --model-overrides \"{{'data': '/path/to/bin', 'dropout': "
+                f"0.1}}\"")
+    if type(exc) is AssertionError and str(exc).startswith("Must specify batch size") and from_cli:
+        return "no batch size given: add --max-tokens 4096 (or --batch-size N), as fairseq-validate has no default"
     return None
 
 

@@ -98,6 +98,9 @@ def test_argparse_errors_are_one_line_with_the_closest_option(monkeypatch, capsy
     assert re.fullmatch(r"fairseq-train: error: argument --arch/-a: invalid choice: 'residual_transformr' \(one of "
                         r"\d+ choices\) \(did you mean residual_transformer\?\); fairseq-train --help "
                         r"lists the options \(with --arch <preset> before it, the model's too\)\n", err), err
+    err = error_of("fairseq-train", ["bin", "--user-dir", USER_DIR, "--arch", "residual_transformer_tiny_pre_ln"],
+                   options.get_training_parser)
+    assert "(did you mean --arch residual_transformer_tiny --residual-scheme pre_ln?)" in err
     err = error_of("fairseq-train", ["bin", "--user-dir", USER_DIR, "--arch", "transformer", "--hc-streams", "4"],
                    options.get_training_parser)
     assert "--hc-streams 4 (--hc-streams is an option of the residual_transformer presets: --arch " in err
@@ -211,6 +214,17 @@ def test_a_model_trained_pruned_translates_and_resumes(tiny_data_bin, tmp_path):
     with pytest.raises(AssertionError, match=r"--model-overrides 'encoder_layers_to_kep' \(did you mean "
                                              r"'encoder_layers_to_keep'\?\): no option of this checkpoint's model"):
         translate(data_bin, whole / "checkpoint_last.pt", "--model-overrides", "{'encoder_layers_to_kep': '1'}")
+    # a --model-overrides that is no dict literal: one line, not ast's traceback
+    from fairseq_residual.user_errors import user_message
+
+    with pytest.raises(AssertionError) as raised:
+        translate(data_bin, whole / "checkpoint_last.pt", "--model-overrides", "{dropout: 0.1}")
+    sys.argv = ["fairseq-generate", "--model-overrides", "{dropout: 0.1}"]  # as the tool saw it
+    try:
+        assert user_message(raised.value.__cause__).startswith(
+            "--model-overrides is not a Python dict literal: quote its keys and string values")
+    finally:
+        sys.argv = sys.argv[:1]
     # fairseq-generate parses model options after --arch, then builds the checkpoint's saved model: refused
     with pytest.raises(AssertionError, match=r"--residual-scheme: fairseq-generate builds the model from the "
                                              r"checkpoint's saved settings and ignores model options"):
@@ -220,6 +234,10 @@ def test_a_model_trained_pruned_translates_and_resumes(tiny_data_bin, tmp_path):
                 "--task", "translation", "--max-tokens", 600, "--criterion", "label_smoothed_cross_entropy",
                 "--label-smoothing", "0.1", "--num-workers", 0]
     assert re.search(r"valid on 'valid' subset \| loss", fairseq_main(*validate, "--model-overrides", "{'dropout': 0.1}"))
+    with pytest.raises(AssertionError) as raised:  # no --max-tokens / --batch-size: fairseq's bare assertion
+        fairseq_main(*[a for a in validate if a not in ("--max-tokens", 600)])
+    assert user_message(raised.value.__cause__) == ("no batch size given: add --max-tokens 4096 (or --batch-size N), "
+                                                    "as fairseq-validate has no default")
     with pytest.raises(AssertionError, match=r"--model-overrides 'dropuot' \(did you mean 'dropout'\?\)"):
         fairseq_main(*validate, "--model-overrides", "{'dropuot': 0.1}")
     with pytest.raises(AssertionError, match=r"checkpoint holds 1 encoder layers: a --model-overrides of encoder_layers or encoder_layers_to_keep"):

@@ -601,6 +601,35 @@ def test_hydra_deprecations_about_fairseqs_code_are_silenced_in_its_tools(argv0,
         logging.root.setLevel(level)
 
 
+def test_an_unknown_scheme_names_the_closest():
+    """A misspelt scheme where argparse does not check it (fairseq-hydra-train's model.residual_scheme): the
+    closest scheme, and the whole list; nothing close, the list alone."""
+    from fairseq_residual.schemes import get_scheme
+    from fairseq_residual.user_errors import SettingError
+
+    with pytest.raises(SettingError, match=r"^unknown residual scheme 'ResiDual' \(did you mean resi_dual\?\): "
+                                           r"choose one of post_ln, pre_ln,"):
+        get_scheme("ResiDual")
+    with pytest.raises(SettingError, match=r"^unknown residual scheme 'zzz': choose one of post_ln"):
+        get_scheme("zzz")
+
+
+def test_fairseq_train_without_an_arch_is_named():
+    """Stock fairseq-train without --arch ends on a bare ``RuntimeError()`` in its option parser: one line naming
+    --arch; a bare RuntimeError raised elsewhere keeps its traceback."""
+    from fairseq import options
+
+    from fairseq_residual import user_errors
+
+    with pytest.raises(RuntimeError) as raised:
+        options.parse_args_and_arch(options.get_training_parser(), ["data-bin", "--user-dir", str(USER_DIR)])
+    assert user_errors.user_message(raised.value).startswith("no --arch given (or one no model registers): add "
+                                                             "--arch residual_transformer")
+    with pytest.raises(RuntimeError) as elsewhere:
+        raise RuntimeError()
+    assert user_errors.user_message(elsewhere.value) is None
+
+
 def test_fairseq_validate_without_a_task_is_named(monkeypatch):
     """Stock fairseq-validate has no default --task and ends on ``KeyError: None`` in fairseq's option parser: the
     tool reports the missing --task and the fix instead; a KeyError(None) raised elsewhere keeps its traceback."""

@@ -14,7 +14,7 @@ from importlib import import_module
 
 from .base import STACKS, ResidualScheme, SchemeOptions
 from .registry_order import SCHEME_MODULES as _SCHEME_MODULES
-from ..user_errors import SettingError
+from ..user_errors import SettingError, closest
 
 SCHEMES = tuple(import_module(f"{__name__}.{module}").SCHEME for module in _SCHEME_MODULES)
 #: The schemes' registry names, in table order.
@@ -42,9 +42,10 @@ def get_scheme(name) -> ResidualScheme:
     try:
         return _BY_NAME[name]
     except (KeyError, TypeError):
+        close = closest(str(name).lower(), SCHEME_NAMES) if isinstance(name, str) else None
         raise SettingError(
-            f"unknown residual scheme {name!r}: choose one of {', '.join(SCHEME_NAMES)} "
-            f"(--residual-scheme / model.residual_scheme)"
+            f"unknown residual scheme {name!r}{f' (did you mean {close}?)' if close else ''}: choose one of "
+            f"{', '.join(SCHEME_NAMES)} (--residual-scheme / model.residual_scheme)"
         ) from None
 
 
