@@ -179,7 +179,7 @@ def test_t_fixup_trains_with_its_schedule_without_warm_up(shipped_data_bin, tmp_
     assert lrs[-1] == pytest.approx(5e-3 * math.sqrt(100 / 103), rel=1e-4)
 
 
-def test_a_model_trained_pruned_translates_and_resumes(tiny_data_bin, tmp_path):
+def test_a_model_trained_pruned_translates_and_resumes(tiny_data_bin, tmp_path, monkeypatch):
     """fairseq-train --encoder-layers-to-keep trains the kept sub-network of the deeper model (each kept layer
     with its index's depth constants); its checkpoint translates and resumes as that sub-network, the stack
     without a list whole; a whole model's checkpoint prunes at generation with one stack's list."""
@@ -219,12 +219,10 @@ def test_a_model_trained_pruned_translates_and_resumes(tiny_data_bin, tmp_path):
 
     with pytest.raises(AssertionError) as raised:
         translate(data_bin, whole / "checkpoint_last.pt", "--model-overrides", "{dropout: 0.1}")
-    sys.argv = ["fairseq-generate", "--model-overrides", "{dropout: 0.1}"]  # as the tool saw it
-    try:
-        assert user_message(raised.value.__cause__).startswith(
-            "--model-overrides is not a Python dict literal: quote its keys and string values")
-    finally:
-        sys.argv = sys.argv[:1]
+    monkeypatch.setattr(sys, "argv", ["fairseq-generate", "--model-overrides", "{dropout: 0.1}"])  # as it saw it
+    assert user_message(raised.value.__cause__).startswith(
+        "--model-overrides is not a Python dict literal: quote its keys and string values")
+    monkeypatch.undo()
     # fairseq-generate parses model options after --arch, then builds the checkpoint's saved model: refused
     with pytest.raises(AssertionError, match=r"--residual-scheme: fairseq-generate builds the model from the "
                                              r"checkpoint's saved settings and ignores model options"):
