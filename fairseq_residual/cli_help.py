@@ -77,6 +77,12 @@ def _plugin_model_options() -> set:
     return set(long_options(parser))
 
 
+def _lists_model_options(parser) -> bool:
+    """Whether ``parser``'s ``--help`` lists the model's options after ``--arch`` (:class:`ModelHelpAction`: the
+    parsers :func:`add_model_args` extends, fairseq-train's)."""
+    return any(isinstance(a, ModelHelpAction) for a in parser._actions)
+
+
 def did_you_mean(message: str, parser) -> str:
     """`` (did you mean X?)`` for argparse's error ``message`` about ``parser``'s command line: the closest
     option to the first unrecognized ``--option`` (compared without the dashes), or the closest choice to an
@@ -88,7 +94,7 @@ def did_you_mean(message: str, parser) -> str:
         if not typed:
             return ""
         if typed[0] in _plugin_model_options():
-            if not any(isinstance(a, ModelHelpAction) for a in parser._actions) and running_tool() != \
+            if not _lists_model_options(parser) and running_tool() != \
                     "fairseq-validate":  # a tool that loads a checkpoint (fairseq-validate: --arch makes it apply)
                 key = typed[0][2:].replace("-", "_")
                 return (f" ({typed[0]} is a model option: this tool reads the model's settings from the checkpoint; "
@@ -118,7 +124,7 @@ def one_line_error(parser) -> None:
         if hint and choices and choices.group(1).count("', '") >= 29:
             message = message[:choices.start()] + f" (one of {choices.group(1).count(', ') + 1} choices)"
         model = (" (with --arch <preset> before it, the model's too)"
-                 if any(isinstance(a, ModelHelpAction) for a in parser._actions) else "")
+                 if _lists_model_options(parser) else "")
         parser.exit(2, f"{parser.prog}: error: {message}{hint}; {parser.prog} --help lists the options{model}\n")
 
     parser.error = error
