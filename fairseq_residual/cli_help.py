@@ -8,8 +8,8 @@ option, not even with ``--arch`` given. fairseq imports ``--user-dir`` before it
 wrapping :func:`fairseq.options.add_model_args` here
 
 * extends the ``--arch`` help text with this plugin's presets and schemes, and
-* lets ``--help`` after ``--arch <one of its presets>`` print the model's options (fairseq's transformer
-  options and the residual ones, with their help, ranges and defaults) before it exits.
+* lets ``--help`` with ``--arch <one of its presets>`` (before or after it) print the model's options
+  (fairseq's transformer options and the residual ones, with their help, ranges and defaults) before it exits.
 
 Parsing is unchanged: the model's options join the parser only in the help action, which exits.
 
@@ -21,6 +21,7 @@ without the usage, with the closest option or choice.
 """
 import argparse
 import re
+import sys
 
 from fairseq import options
 
@@ -35,16 +36,17 @@ ARCH_HELP = (
     f"; {MODEL_NAME} (fairseq_residual) presets: {', '.join(ARCH_NAMES)}. "
     f"Their --residual-scheme {{{','.join(SCHEME_NAMES)}}} "
     f"({'; '.join(f'{s.name}: {s.label}' for s in SCHEMES)}). "
-    f"Give --arch {MODEL_NAME} (or a preset) before --help to list the model's options"
+    f"Give --arch {MODEL_NAME} (or a preset) with --help to list the model's options"
 )
 
 
 class ModelHelpAction(argparse._HelpAction):
-    """``--help`` that, when ``--arch`` named one of this plugin's presets earlier on the command line, first
-    adds the model's options to the parser (as fairseq's second parse would) so that the help lists them."""
+    """``--help`` that, when ``--arch`` names one of this plugin's presets on the command line (before
+    ``--help``, or after it: :func:`_arch_typed`), first adds the model's options to the parser (as fairseq's
+    second parse would) so that the help lists them."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        arch = getattr(namespace, "arch", None)
+        arch = _arch_typed(parser) or getattr(namespace, "arch", None)
         if arch in ARCH_NAMES:
             from fairseq.models import ARCH_MODEL_REGISTRY
 
@@ -55,9 +57,25 @@ class ModelHelpAction(argparse._HelpAction):
         super().__call__(parser, namespace, values, option_string)
 
 
+def _arch_typed(parser):
+    """The value of the last ``--arch`` (any of its option strings, ``--arch X`` or ``--arch=X``) among the
+    arguments ``parser`` is parsing (recorded by :func:`add_model_args`), or None: argparse runs ``--help``'s
+    action as soon as it reads it, before the options after it are parsed."""
+    arch_flags = [s for a in parser._actions if a.dest == "arch" for s in a.option_strings]
+    typed, arch = getattr(parser, "arguments_parsed", []), None
+    for i, argument in enumerate(typed):
+        flag, equals, value = argument.partition("=")
+        if argument in arch_flags and i + 1 < len(typed):
+            arch = typed[i + 1]
+        elif equals and flag in arch_flags:
+            arch = value
+    return arch
+
+
 def add_model_args(parser):
     """fairseq's ``add_model_args`` with this plugin's presets appended to the ``--arch`` help, and a
-    ``--help`` that lists the model's options after ``--arch`` (:class:`ModelHelpAction`)."""
+    ``--help`` that lists the model's options when ``--arch`` names a preset (:class:`ModelHelpAction`; the
+    parser records the arguments each parse reads, for an ``--arch`` typed after ``--help``)."""
     group = _add_model_args(parser)
     for action in group._group_actions:
         if "--arch" in action.option_strings and ARCH_HELP not in (action.help or ""):
@@ -65,6 +83,13 @@ def add_model_args(parser):
     for action in parser._actions:
         if type(action) is argparse._HelpAction:
             action.__class__ = ModelHelpAction
+    stock_parse = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        parser.arguments_parsed = list(sys.argv[1:] if args is None else args)
+        return stock_parse(args, namespace)
+
+    parser.parse_known_args = parse_known_args
     return group
 
 
@@ -123,7 +148,7 @@ def one_line_error(parser) -> None:
         choices = re.search(r" \(choose from (.*)\)$", message)
         if hint and choices and choices.group(1).count("', '") >= 29:
             message = message[:choices.start()] + f" (one of {choices.group(1).count(', ') + 1} choices)"
-        model = (" (with --arch <preset> before it, the model's too)"
+        model = (" (with --arch <preset>, the model's too)"
                  if _lists_model_options(parser) else "")
         parser.exit(2, f"{parser.prog}: error: {message}{hint}; {parser.prog} --help lists the options{model}\n")
 

@@ -76,6 +76,18 @@ def test_help_lists_every_preset(capsys):
         assert flag in flat, flag
     assert re.search(r"--hc-streams N .*range \[1, 16\]; default 4", flat)
 
+    for typed in (["--help", "--arch", "residual_transformer_tiny"],  # argparse runs --help before it reads --arch
+                  ["--help", "--arch=residual_transformer_tiny"], ["--arch", "transformer", "--help", "-a",
+                                                                   "residual_transformer_tiny"]):
+        with pytest.raises(SystemExit) as exit_:
+            options.parse_args_and_arch(options.get_training_parser(), ["--user-dir", USER_DIR] + typed)
+        assert exit_.value.code == 0
+        assert "--hc-streams N Hyper-connections" in re.sub(r"\s+", " ", capsys.readouterr().out), typed
+    with pytest.raises(SystemExit):  # the last --arch counts, as in argparse
+        options.parse_args_and_arch(options.get_training_parser(), ["--user-dir", USER_DIR, "--help", "--arch",
+                                                                    "residual_transformer_tiny", "--arch", "transformer"])
+    assert "--hc-streams" not in capsys.readouterr().out
+
 
 def test_argparse_errors_are_one_line_with_the_closest_option(monkeypatch, capsys):
     """In fairseq's tools a misspelt option or a wrong choice ends on one line with the closest one (argparse's
@@ -97,7 +109,7 @@ def test_argparse_errors_are_one_line_with_the_closest_option(monkeypatch, capsy
                    options.get_training_parser)
     assert re.fullmatch(r"fairseq-train: error: argument --arch/-a: invalid choice: 'residual_transformr' \(one of "
                         r"\d+ choices\) \(did you mean residual_transformer\?\); fairseq-train --help "
-                        r"lists the options \(with --arch <preset> before it, the model's too\)\n", err), err
+                        r"lists the options \(with --arch <preset>, the model's too\)\n", err), err
     err = error_of("fairseq-train", ["bin", "--user-dir", USER_DIR, "--arch", "residual_transformer_tiny_pre_ln"],
                    options.get_training_parser)
     assert "(did you mean --arch residual_transformer_tiny --residual-scheme pre_ln?)" in err
