@@ -610,7 +610,7 @@ def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, stric
         MissingFileError: a file of ``filenames`` does not exist.
         SettingError: a file of ``filenames`` is a folder (a ``--save-dir``); the message lists its checkpoints;
             or, in fairseq's loading tools, residual options typed on the command line, which fairseq ignores
-            there (:func:`typed_residual_options`).
+            there (:func:`~fairseq_residual.config.typed_residual_options`).
     """
     _refuse_typed_model_options()
     if state is None and num_shards == 1 and not suffix:
@@ -624,22 +624,6 @@ def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, stric
     return _stock_load_model_ensemble_and_task(filenames, arg_overrides, task, strict, suffix, num_shards, state)
 
 
-def typed_residual_options(argv=None):
-    """The residual options (``--residual-scheme``, ``--norm`` and its options, every scheme's) typed on this
-    process's command line (``sys.argv``), in the order typed."""
-    import argparse
-    import sys
-
-    from .config import add_residual_args
-    from .user_errors import long_options
-
-    parser = argparse.ArgumentParser(add_help=False)
-    add_residual_args(parser)
-    known = set(long_options(parser))
-    argv = sys.argv[1:] if argv is None else argv
-    return [a.split("=")[0] for a in argv if a.split("=")[0] in known]
-
-
 def _refuse_typed_model_options() -> None:
     """In fairseq's loading tools but fairseq-validate, refuse residual options typed on the command line: with
     ``--arch residual_transformer`` fairseq-generate parses them and then builds the model from the checkpoint's
@@ -649,6 +633,8 @@ def _refuse_typed_model_options() -> None:
 
     if running_tool() not in LOADING_TOOLS or running_tool() == "fairseq-validate":
         return
+    from .config import typed_residual_options
+
     typed = typed_residual_options()
     if typed:
         tool = running_tool()

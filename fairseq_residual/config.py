@@ -6,11 +6,13 @@ leave open, and turns the parsed options into the validated :class:`~fairseq_res
 that the encoder and decoder receive as ``cfg.residual_options``.
 """
 import argparse
+import re
+import sys
 
 from .norms import add_norm_args, fill_norm_defaults, norm_options
 from .schemes import DEFAULT_SCHEME, SCHEME_NAMES, SCHEMES, SchemeOptions, get_scheme
 from .schemes.base import OptionError
-from .user_errors import SettingError, advice_for_this_tool, closest
+from .user_errors import SettingError, advice_for_this_tool, closest, in_hydra_train, running_tool
 
 # fp16's largest finite value; anything summed in fp16 (ResiDual's dual stream x_d) must stay below it.
 FP16_MAX = 65504.0
@@ -34,6 +36,36 @@ def add_residual_args(parser):
         scheme.add_args(parser)
 
 
+def _residual_parser():
+    """A parser of the residual options alone (:func:`add_residual_args`)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_residual_args(parser)
+    return parser
+
+
+def typed_residual_options(argv=None):
+    """The residual options (``--residual-scheme``, ``--norm`` and its options, every scheme's) typed on this
+    process's command line (``sys.argv``), in the order typed."""
+    known = {o for a in _residual_parser()._actions for o in a.option_strings}
+    argv = sys.argv[1:] if argv is None else argv
+    return [a.split("=")[0] for a in argv if a.split("=")[0] in known]
+
+
+def typed_training_keys(argv=None) -> frozenset:
+    """The keys (``hc_streams``) of the residual options typed on this training command line: fairseq-train's
+    ``--hc-streams`` (or a boolean option's negative flag), fairseq-hydra-train's ``model.hc_streams=...``
+    (``+`` / ``++`` prefixed too); empty in any other program, whose model comes from a checkpoint or a script's
+    own settings. Only what was typed: a Hydra config's keys are the config's, not the user's."""
+    argv = sys.argv[1:] if argv is None else argv
+    dests = {o: a.dest for a in _residual_parser()._actions for o in a.option_strings}
+    if in_hydra_train():
+        typed = (re.match(r"\+{0,2}model\.(\w+)=", a) for a in argv)
+        return frozenset(m.group(1) for m in typed if m and m.group(1) in dests.values())
+    if running_tool() == "fairseq-train":
+        return frozenset(dests[flag] for flag in typed_residual_options(argv))
+    return frozenset()
+
+
 def residual_defaults(args, scheme=DEFAULT_SCHEME):
     """Fill the residual options the user did not give (fairseq ``--arch`` preset convention).
 
@@ -47,12 +79,14 @@ def residual_defaults(args, scheme=DEFAULT_SCHEME):
         s.fill_defaults(args)
 
 
-def residual_options(args) -> SchemeOptions:
+def residual_options(args, typed=frozenset()) -> SchemeOptions:
     """Read and validate the residual options of a Namespace / DictConfig filled by ``residual_defaults``.
 
     Every scheme's options are validated against their declared ranges (an out-of-range value is an
     error whichever scheme is selected); an option of another scheme than the selected one, set to
-    something else than its default, is refused the same way for every scheme; the stacks must have at
+    something else than its default or among the keys ``typed`` (:func:`typed_training_keys`: typed on the
+    training command line, at its default or not), is refused the same way for every scheme, and an option of
+    another ``--norm`` likewise; the stacks must have at
     least one layer; the selected scheme then checks the fairseq options it cannot honour, and whether it
     runs with the ``--norm`` given (:mod:`fairseq_residual.norms`).
 
@@ -87,7 +121,7 @@ def residual_options(args) -> SchemeOptions:
     for scheme in SCHEMES:
         scheme.validate(args)
     for scheme in SCHEMES:
-        given = scheme.given_options(args) if scheme is not selected else []
+        given = scheme.given_options(args, typed) if scheme is not selected else []
         if given:
             named = [_with_hydra_key(scheme, flag) for flag in given]
             what = (f"{', '.join(named)} {'is an option' if len(given) == 1 else 'are options'} of "
@@ -100,7 +134,7 @@ def residual_options(args) -> SchemeOptions:
             training = f"drop {' '.join(given)} or use --residual-scheme {scheme.name}"
             raise OptionError(f"{what}: {advice_for_this_tool(loading, training)}")
     selected.check_args(args)
-    norm = norm_options(args)
+    norm = norm_options(args, typed)
     refusal = selected.norm_refusal(norm.kind, args)
     if refusal:
         raise OptionError(

@@ -46,7 +46,8 @@ from fairseq.models.transformer.transformer_legacy import (
 
 from . import checkpoint_compat  # noqa: F401  (torch>=2.6 loading of fairseq checkpoints)
 from .norms import replace_layer_norms
-from .config import add_residual_args, as_namespace, check_model_keys, residual_defaults, residual_options
+from .config import (add_residual_args, as_namespace, check_model_keys, residual_defaults, residual_options,
+                     typed_training_keys)
 from .encoder_decoder import (
     DROPOUT_NAMES,
     ProtocolDecoder,
@@ -187,7 +188,7 @@ class ResidualTransformerModel(TransformerModel):
             keep = getattr(args, f"{stack}_layers_to_keep", None)
             if isinstance(keep, (list, tuple)):
                 setattr(args, f"{stack}_layers_to_keep", ",".join(str(i) for i in keep))
-        options = residual_options(args)  # validated once per build (the stacks reuse it)
+        options = residual_options(args, typed_training_keys())  # validated once per build (the stacks reuse it)
         scheme = options.scheme
         # The scheme decides LayerNorm placement: fairseq's normalize_before for Pre-LN-type schemes.
         args.encoder_normalize_before = args.decoder_normalize_before = scheme.normalize_before

@@ -281,9 +281,13 @@ def fill_norm_defaults(args) -> None:
             setattr(args, o.dest, o.default)
 
 
-def norm_options(args) -> NormOptions:
+def norm_options(args, typed=frozenset()) -> NormOptions:
     """The validated ``--norm`` options of ``args`` (a Namespace or DictConfig; missing keys: defaults, as in a
     checkpoint saved before the option existed).
+
+    Args:
+        typed: keys typed on the training command line (``dyt_alpha``); one of another norm is refused even at
+            its default.
 
     Raises:
         OptionError: a value outside its range, or an option of another norm than the selected one.
@@ -297,7 +301,7 @@ def norm_options(args) -> NormOptions:
         values[o.dest] = o.default if value is None else value
     kind = values.pop("norm")
     given = [o.flag for o in NORM_OPTIONS if o.dest in OPTION_NORM and OPTION_NORM[o.dest] != kind
-             and values[o.dest] is not None and values[o.dest] != o.default]
+             and (o.dest in typed or values[o.dest] is not None and values[o.dest] != o.default)]
     if given:
         owners = sorted({OPTION_NORM[f[2:].replace("-", "_")] for f in given})
         raise OptionError(

@@ -383,6 +383,40 @@ def test_a_scheme_option_saved_in_a_checkpoint_names_the_override_when_loading(m
                                    "--hc-streams or use --residual-scheme hyper_connections")
 
 
+def test_an_option_of_another_scheme_typed_at_its_default_is_refused_in_training(monkeypatch):
+    """Typed on fairseq-train's command line, an option of another scheme or norm is refused at its default value
+    too (it would change nothing, without a word; a value off the default is refused from any source); so is
+    fairseq-hydra-train's typed ``model.<key>=``; the same options under their own scheme and norm pass, and so do
+    defaults nobody typed (a script's Namespace, a Hydra config's keys)."""
+    from fairseq_residual.schemes.base import OptionError
+
+    def build(argv0, typed, *flags):
+        monkeypatch.setattr(sys, "argv", [argv0, *typed])
+        return build_model(MODEL_NAME + "_tiny", *flags, dictionary=DICTIONARY)
+
+    train = "/venv/bin/fairseq-train"
+    for typed, message in [
+            (["--hc-streams", "4"], r"--hc-streams \(model.hc_streams\) is an option of --residual-scheme "
+                                    r"hyper_connections .*drop --hc-streams or use --residual-scheme hyper_connections$"),
+            (["--hc-dynamic"], r"^--hc-dynamic \(model.hc_dynamic\) is an option of --residual-scheme hyper_conn"),
+            (["--hc-static"], r"^--hc-static \(model.hc_dynamic=false\) is an option of --residual-scheme hyper_c"),
+            (["--dyt-alpha", "0.5"], r"^--dyt-alpha is an option of --norm dyt, but the norm is layernorm")]:
+        flags = ["--residual-scheme", "pre_ln", *typed]
+        with pytest.raises(OptionError, match=message):
+            build(train, flags, *flags)
+    build(train, ["--residual-scheme", "hyper_connections", "--hc-streams", "4"], "--residual-scheme",
+          "hyper_connections", "--hc-streams", "4")
+    build(train, ["--residual-scheme", "pre_ln", "--norm", "dyt", "--dyt-alpha", "0.5"], "--residual-scheme", "pre_ln",
+          "--norm", "dyt", "--dyt-alpha", "0.5")
+    build(train, ["--residual-scheme", "pre_ln"], "--residual-scheme", "pre_ln", "--hc-streams", "4")  # not typed
+    build("/usr/bin/python3", [], "--residual-scheme", "pre_ln", "--hc-streams", "4")  # a script's own settings
+
+    hydra = "/venv/bin/fairseq-hydra-train"
+    with pytest.raises(OptionError, match=r"^--hc-streams \(model.hc_streams\) is an option of --residual-scheme hyp"):
+        build(hydra, ["model.residual_scheme=pre_ln", "+model.hc_streams=4"], "--residual-scheme", "pre_ln")
+    build(hydra, ["model.residual_scheme=pre_ln", "task.data=x"], "--residual-scheme", "pre_ln", "--hc-streams", "4")
+
+
 def test_a_missing_checkpoint_path_is_named_with_the_checkpoints_beside_it(tmp_path, monkeypatch):
     """fairseq-generate / -interactive / -validate load --path through fairseq's load_model_ensemble: a path that
     does not exist names what its folder holds (complete checkpoints, newest first) or that the folder is missing;

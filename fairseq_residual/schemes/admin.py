@@ -273,8 +273,8 @@ class Admin(ResidualScheme):
                metavar="FILE", default_text="none: profile the first training batch"),
     )
 
-    def given_options(self, args):
-        return ["--admin-profile"] if getattr(args, "admin_profile", None) else []
+    def given_options(self, args, typed=frozenset()):
+        return ["--admin-profile"] if getattr(args, "admin_profile", None) or "admin_profile" in typed else []
 
     def validate(self, args):
         pass  # a path: checked when it is read (read_profile)

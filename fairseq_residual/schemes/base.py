@@ -314,13 +314,14 @@ class ResidualScheme:
             if getattr(args, o.dest, None) is None and o.default is not None:
                 setattr(args, o.dest, o.default)
 
-    def given_options(self, args):
-        """The flags of this scheme's options set to something else than their default."""
+    def given_options(self, args, typed=frozenset()):
+        """The flags of this scheme's options set to something else than their default, or whose key
+        (``hc_streams``) is in ``typed`` (typed on the command line, at the default or not)."""
         given = []
         for o in self.OPTIONS:
             value = getattr(args, o.dest, None)
-            if o.default is not None and value is not None and value != o.default:
-                given.append(o.negative if o.type is bool and not value else o.flag)
+            if o.dest in typed or o.default is not None and value is not None and value != o.default:
+                given.append(o.negative if o.type is bool and value is False else o.flag)
         return given
 
     def validate(self, args) -> None:

@@ -213,10 +213,10 @@ class ResiDual(ResidualScheme):
             if getattr(args, f"{stack}_resi_dual_scale", None) is None:
                 setattr(args, f"{stack}_resi_dual_scale", args.resi_dual_scale)
 
-    def given_options(self, args):
-        per_stack = [f"--{s}-resi-dual-scale" for s in ("encoder", "decoder")
-                     if getattr(args, f"{s}_resi_dual_scale", None) not in (None, getattr(args, "resi_dual_scale", 1.0))]
-        return super().given_options(args) + per_stack
+    def given_options(self, args, typed=frozenset()):
+        per_stack = [f"--{s}-resi-dual-scale" for s in ("encoder", "decoder") if f"{s}_resi_dual_scale" in typed
+                     or getattr(args, f"{s}_resi_dual_scale", None) not in (None, getattr(args, "resi_dual_scale", 1.0))]
+        return super().given_options(args, typed) + per_stack
 
     def options(self, args):
         return ResiDualOptions(
