@@ -131,7 +131,9 @@ def residual_options(args, typed=frozenset()) -> SchemeOptions:
                        f"{'it' if len(given) == 1 else 'them'} there; if the checkpoint was trained with "
                        f"--residual-scheme {scheme.name} and saved {'it' if len(given) == 1 else 'them'}, load it "
                        f"with its own scheme (drop residual_scheme from --model-overrides)")
-            training = f"drop {' '.join(given)} or use --residual-scheme {scheme.name}"
+            training = (f"drop {' '.join(_hydra_key(scheme, f) for f in given)} or use "
+                        f"model.residual_scheme={scheme.name}" if in_hydra_train() else
+                        f"drop {' '.join(given)} or use --residual-scheme {scheme.name}")
             raise OptionError(f"{what}: {advice_for_this_tool(loading, training)}")
     selected.check_args(args)
     norm = norm_options(args, typed)
@@ -153,13 +155,19 @@ def _stack_option(args, stack, key):
     return value
 
 
+def _hydra_key(scheme, flag: str) -> str:
+    """``model.hc_streams`` for ``--hc-streams``; a boolean option's negative flag: its option's key."""
+    for o in scheme.OPTIONS:
+        if o.type is bool and flag == o.negative:
+            return f"model.{o.dest}"
+    return f"model.{flag[2:].replace('-', '_')}"
+
+
 def _with_hydra_key(scheme, flag: str) -> str:
     """``--hc-streams (model.hc_streams)``; a boolean option's negative flag with its value
     (``--no-x (model.x=false)``)."""
-    for o in scheme.OPTIONS:
-        if o.type is bool and flag == o.negative:
-            return f"{flag} (model.{o.dest}=false)"
-    return f"{flag} (model.{flag[2:].replace('-', '_')})"
+    negative = any(o.type is bool and flag == o.negative for o in scheme.OPTIONS)
+    return f"{flag} ({_hydra_key(scheme, flag)}{'=false' if negative else ''})"
 
 
 def check_model_keys(cfg, known) -> None:

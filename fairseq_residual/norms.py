@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from .schemes.base import Option, OptionError
-from .user_errors import SettingError, UserInputError
+from .user_errors import SettingError, UserInputError, in_hydra_train
 
 #: the values of ``--norm``, the default first
 NORMS = ("layernorm", "rmsnorm", "dyt", "derf")
@@ -306,5 +306,7 @@ def norm_options(args, typed=frozenset()) -> NormOptions:
         owners = sorted({OPTION_NORM[f[2:].replace("-", "_")] for f in given})
         raise OptionError(
             f"{', '.join(given)} {'is an option' if len(given) == 1 else 'are options'} of --norm "
-            f"{' / '.join(owners)}, but the norm is {kind}: drop {' '.join(given)} or use --norm {owners[0]}")
+            f"{' / '.join(owners)}, but the norm is {kind}: " + (
+                f"drop {' '.join('model.' + f[2:].replace('-', '_') for f in given)} or use model.norm={owners[0]}"
+                if in_hydra_train() else f"drop {' '.join(given)} or use --norm {owners[0]}"))
     return NormOptions(kind=kind, **values)

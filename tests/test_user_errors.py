@@ -411,9 +411,15 @@ def test_an_option_of_another_scheme_typed_at_its_default_is_refused_in_training
     build(train, ["--residual-scheme", "pre_ln"], "--residual-scheme", "pre_ln", "--hc-streams", "4")  # not typed
     build("/usr/bin/python3", [], "--residual-scheme", "pre_ln", "--hc-streams", "4")  # a script's own settings
 
-    hydra = "/venv/bin/fairseq-hydra-train"
-    with pytest.raises(OptionError, match=r"^--hc-streams \(model.hc_streams\) is an option of --residual-scheme hyp"):
+    hydra = "/venv/bin/fairseq-hydra-train"  # the fix in Hydra's terms
+    with pytest.raises(OptionError, match=r"^--hc-streams \(model.hc_streams\) is an option of --residual-scheme hyp.*"
+                                          r"pre_ln: drop model.hc_streams or use model.residual_scheme=hyper_conn"):
         build(hydra, ["model.residual_scheme=pre_ln", "+model.hc_streams=4"], "--residual-scheme", "pre_ln")
+    with pytest.raises(OptionError, match=r"^--hc-static \(model.hc_dynamic=false\) is .*: drop model.hc_dynamic or"):
+        build(hydra, [], "--residual-scheme", "pre_ln", "--hc-static")
+    with pytest.raises(OptionError, match=r"^--dyt-alpha is an option of --norm dyt, but the norm is layernorm: drop "
+                                          r"model.dyt_alpha or use model.norm=dyt$"):
+        build(hydra, ["model.dyt_alpha=0.5"], "--dyt-alpha", "0.5")
     build(hydra, ["model.residual_scheme=pre_ln", "task.data=x"], "--residual-scheme", "pre_ln", "--hc-streams", "4")
 
 
