@@ -14,7 +14,8 @@ carrying only the worker's traceback as text, whose last exception line names th
 Hydra's convention: ``FAIRSEQ_RESIDUAL_FULL_ERROR=1`` prints the whole traceback again (Hydra's own
 ``HYDRA_FULL_ERROR``). Every other exception, and every program that is not one of those tools (a notebook, a
 user's script importing the plugin), keeps Python's report unchanged. ``fairseq-hydra-train`` is left to Hydra,
-which prints them briefly (and in full with ``HYDRA_FULL_ERROR=1``).
+which prints the message alone after its ``Error executing job with overrides: [...]`` line (the errors are
+Hydra ``CompactHydraException``s; in full with ``HYDRA_FULL_ERROR=1``).
 """
 import importlib
 import os
@@ -28,10 +29,18 @@ FULL_ERROR_VAR = "FAIRSEQ_RESIDUAL_FULL_ERROR"
 LOADING_TOOLS = ("fairseq-generate", "fairseq-interactive", "fairseq-validate", "fairseq-eval-lm", "fairseq-score")
 
 
-class UserInputError(Exception):
+try:  # fairseq depends on hydra-core; without it nothing reports through Hydra
+    from hydra.errors import CompactHydraException as _BriefInHydra
+except ImportError:  # pragma: no cover
+    _BriefInHydra = Exception
+
+
+class UserInputError(_BriefInHydra):
     """Base of the plugin's errors about the user's input (an option, a checkpoint, a folder), each of whose
     messages names the input and its fix. Subclasses also derive from the builtin exception a caller would catch
-    (``ValueError``, ``FileNotFoundError``, ``RuntimeError``)."""
+    (``ValueError``, ``FileNotFoundError``, ``RuntimeError``). A Hydra ``CompactHydraException`` too, Hydra's
+    class for errors reported by their message alone: fairseq-hydra-train prints the message without a traceback
+    (``hydra/_internal/utils.py``, ``run_and_report``; ``HYDRA_FULL_ERROR=1`` shows it)."""
 
 
 class MissingFileError(UserInputError, FileNotFoundError):

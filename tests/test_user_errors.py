@@ -265,6 +265,35 @@ def test_user_input_errors_are_one_message_and_keep_their_builtin_base(monkeypat
         assert user_errors.tool_name(program) is None, program
 
 
+def test_hydra_reports_a_wrong_input_by_its_message_alone(monkeypatch, capsys):
+    """fairseq-hydra-train's jobs end in Hydra's ``run_and_report``: a plugin error is reported by its message,
+    without a traceback (Hydra's CompactHydraException), and raised in full with HYDRA_FULL_ERROR=1; any other
+    exception keeps Hydra's traceback (the negative control)."""
+    from hydra._internal.utils import run_and_report
+
+    from fairseq_residual.data_checks import DataDirectoryError
+    from fairseq_residual.schemes.base import OptionError
+
+    def job(error):
+        def run():
+            raise error
+        return run
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    for error in (OptionError("--x (model.x) is wrong: drop model.x"), DataDirectoryError("data directory d is gone")):
+        with pytest.raises(SystemExit) as exit_:
+            run_and_report(job(error))
+        assert exit_.value.code == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"{error}\n") and "Traceback" not in err, err
+    with pytest.raises(SystemExit):
+        run_and_report(job(ValueError("a stock error")))
+    assert "Traceback" in capsys.readouterr().err
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(OptionError):
+        run_and_report(job(OptionError("x")))
+
+
 @pytest.mark.slow
 def test_fairseq_train_ends_on_a_wrong_input_with_one_message(tmp_path):
     """A real fairseq-train on a missing data directory: the message and its fix, exit status 1, no
@@ -284,6 +313,13 @@ def test_fairseq_train_ends_on_a_wrong_input_with_one_message(tmp_path):
     assert proc.stderr.rstrip().endswith(f"DataDirectoryError: data directory {tmp_path / 'nope'} does not exist: pass "
                                          "the --destdir of fairseq-preprocess (task.data=<path> under "
                                          "fairseq-hydra-train)"), proc.stderr[-3000:]
+    hydra = [str(VENV_BIN / "fairseq-hydra-train"), "--config-dir", str(REPO / "configs"), "--config-name",
+             "iwslt14_de_en", f"task.data={tmp_path / 'nope'}", f"common.user_dir={USER_DIR}", "common.cpu=true",
+             f"hydra.run.dir={tmp_path / 'hydra'}"]
+    proc = subprocess.run(hydra, env=cli_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert (f"\ndata directory {tmp_path / 'nope'} does not exist: pass the --destdir of fairseq-preprocess "
+            "(task.data=<path> under fairseq-hydra-train)\n") in proc.stderr, proc.stderr[-3000:]
 
 
 def test_a_checkpoint_of_other_shapes_is_refused_naming_the_tensors():
