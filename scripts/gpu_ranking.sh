@@ -9,7 +9,8 @@
 # Usage, from the repository root, with fairseq importable (scripts/gpu_check.sh installs it; RANKING_S=... there
 # runs this script as its last step):   OUT=/some/dir bash scripts/gpu_ranking.sh
 # Knobs (environment): PYTHON (python3), DEVICE (cuda; cpu: a dry run at toy sizes, what tests/test_gpu_check.py
-#   runs), FROM (the ranking.json whose rates are used; default the CPU ranking's), SCHEMES (default: every row
+#   runs), FROM (the ranking.json whose rates are used, several comma-separated;
+#   default the CPU ranking's), SCHEMES (default: every row
 #   FROM chose a rate for), WIDTH (256; FFN 2 x width, 4 heads: the CPU ranking's recipe otherwise), SEEDS (1),
 #   BUDGETS ("500 1000 2000 3000"), JOBS (cells side by side: 16), EXTRA (more claims_study.sh options).
 # Output in "$OUT" (default ./gpu_ranking_out): ranking.md/json/png of the last budget finished, ranking-u<B>.md

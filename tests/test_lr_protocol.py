@@ -228,6 +228,17 @@ def test_lr_from_trains_each_row_at_the_rate_another_ranking_chose(fake_study, t
     with pytest.raises(SystemExit):
         claims.parse_args(["--rank", "warm6", "--lr-from", str(tmp_path / "none.json")])
     assert "none.json: not a ranking's ranking.json (FileNotFoundError: no such file)" in capsys.readouterr().err
+    # several rankings add up their rows (a later study's beside the first); they must agree on a shared row
+    later = tmp_path / "later-ranking.json"
+    later.write_text(json.dumps(dict(saved, chosen_lr={"pre_ln": 4e-3, "resi_dual": 2e-3, "b2t": None})))
+    args = claims.parse_args(["--rank", "warm6", "--lr-from", f"{source},{later}"])
+    assert args.lr_by_row == {"post_ln": 1e-3, "pre_ln": 4e-3, "resi_dual": 2e-3}
+    assert args.schemes == ["post_ln", "pre_ln", "resi_dual"]
+    later.write_text(json.dumps(dict(saved, chosen_lr={"pre_ln": 2e-3})))
+    with pytest.raises(SystemExit):
+        claims.parse_args(["--rank", "warm6", "--lr-from", f"{source},{later}"])
+    assert (f"--lr-from: {source} chose 0.004 for pre_ln, {later} chose 0.002: drop one of the two rankings, or "
+            "pre_ln from --schemes") in capsys.readouterr().err
 
 
 def test_a_report_read_while_the_selection_runs_chooses_nothing_and_says_what_has_finished(fake_study, capsys):

@@ -338,11 +338,12 @@ def build_parser():
                         "ratio, top-layer cosine and the paper's IWSLT14 BLEU per row, best first "
                         "(ranking.md/json/png); with --lr-grid each row at its own chosen rate and --tune-seeds, "
                         "else at --lr and --seeds. E.g. --rank warm12 --schemes all --lr-grid 5e-4,1e-3,2e-3,4e-3")
-    p.add_argument("--lr-from", default=None, metavar="RANKING_JSON",
+    p.add_argument("--lr-from", default=None, metavar="RANKING_JSON[,RANKING_JSON...]",
                    help="with --rank, instead of --lr-grid: each row at the learning rate a finished ranking chose "
-                        "for it (that study's ranking.json, e.g. docs/results/2026-12-04-ranking/ranking.json), to "
+                        "for it (that study's ranking.json, e.g. docs/results/2026-12-04-ranking/ranking.json; "
+                        "several, comma-separated, add up their rows, and must agree on a row they share), to "
                         "train the same rates at another --width or on a GPU (--schemes defaults to every row "
-                        "it chose a rate for; one it chose none for is refused)")
+                        "they chose a rate for; one they chose none for is refused)")
     p.add_argument("--archive", default=None, metavar="DIR",
                    help="with --rank: after the report, copy every finished cell's small files (settings, "
                         "training state, results, analysis, validation curve; never checkpoints or logs) and "
@@ -386,14 +387,24 @@ def _rates_from(parser, args, given):
     if not args.rank or args.lr_grid or "--lr" in given:
         parser.error("--lr-from gives each row of a ranking the rate another ranking chose: add --rank "
                      "CONDITION and drop --lr-grid and --lr (which would set the rates otherwise)")
-    try:
-        condition, rates = chosen_rates(source)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        parser.error(f"--lr-from {source}: not a ranking's ranking.json ({type(e).__name__}: {e})")
-    if condition != args.rank:
-        parser.error(f"--lr-from {source} chose its rates at {condition}, not at --rank {args.rank}: a rate "
-                     f"chosen at one depth or warm-up does not carry to another; rank at {condition} or use a "
-                     f"ranking of {args.rank}")
+    rates, chosen_by = {}, {}
+    for path in source.split(","):
+        try:
+            condition, chosen = chosen_rates(path)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            parser.error(f"--lr-from {path}: not a ranking's ranking.json ({type(e).__name__}: {e})")
+        if condition != args.rank:
+            parser.error(f"--lr-from {path} chose its rates at {condition}, not at --rank {args.rank}: a rate "
+                         f"chosen at one depth or warm-up does not carry to another; rank at {condition} or use a "
+                         f"ranking of {args.rank}")
+        for row, lr in chosen.items():
+            if lr is None:
+                rates.setdefault(row, None)
+            elif rates.get(row) not in (None, lr):
+                parser.error(f"--lr-from: {chosen_by[row]} chose {rates[row]:g} for {row}, {path} chose {lr:g}: "
+                             f"drop one of the two rankings, or {row} from --schemes")
+            else:
+                rates[row], chosen_by[row] = lr, path
     rated = [row for row, lr in rates.items() if lr is not None]
     # argparse leaves an option's default object in place when the option is not given (also abbreviated)
     if args.schemes is parser.get_default("schemes"):

@@ -176,7 +176,8 @@ def _write_ranking(args, results, tuned, t0, folders):
     note = (f"Each row at its own learning rate, chosen from {','.join(f'{g:g}' for g in args.lr_grid)} on seed "
             f"{args.select_seed} at {args.select_updates} updates (selection below); seeds "
             f"{','.join(map(str, args.tune_seeds))}." if tuned else
-            f"Each row at the learning rate the ranking in {args.lr_from} chose for it; seeds "
+            f"Each row at the learning rate the ranking{'s' if ',' in args.lr_from else ''} in "
+            f"{' and '.join(args.lr_from.split(','))} chose for it; seeds "
             f"{','.join(map(str, args.seeds))}." if args.lr_by_row else
             f"Every row at lr {args.lr:g}; seeds {','.join(map(str, args.seeds))}.")
     note += f" {args.updates} updates per cell; command: `scripts/claims_study.sh {' '.join(args.argv)}`."
