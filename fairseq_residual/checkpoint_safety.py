@@ -638,11 +638,14 @@ def _refuse_typed_model_options() -> None:
     typed = typed_residual_options()
     if typed:
         tool = running_tool()
-        keys = ", ".join(f"'{t[2:].replace('-', '_')}': ..." for t in typed)
+        # the scheme and the norm are the checkpoint's weights' own: no override changes them
+        keys = ", ".join(f"'{t[2:].replace('-', '_')}': ..." for t in typed
+                         if t not in ("--residual-scheme", "--norm"))
+        overrides = f", or change a setting at load with --model-overrides \"{{{keys}}}\"" if keys else ""
         raise SettingError(
             f"{' '.join(typed)}: {tool} builds the model from the checkpoint's saved settings and ignores model "
             f"options on its command line; drop {'it' if len(typed) == 1 else 'them'} (the checkpoint names its "
-            f"scheme), or change a setting at load with --model-overrides \"{{{keys}}}\"")
+            f"scheme){overrides}")
 
 
 def install():

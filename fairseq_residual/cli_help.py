@@ -122,6 +122,9 @@ def did_you_mean(message: str, parser) -> str:
             if not _lists_model_options(parser) and running_tool() != \
                     "fairseq-validate":  # a tool that loads a checkpoint (fairseq-validate: --arch makes it apply)
                 key = typed[0][2:].replace("-", "_")
+                if typed[0] in ("--residual-scheme", "--norm"):  # the weights are of the checkpoint's own
+                    return (f" ({typed[0]} is a model option: this tool builds the model with the {key} the "
+                            f"checkpoint was trained with, whose weights are that {key}'s; drop it)")
                 return (f" ({typed[0]} is a model option: this tool reads the model's settings from the checkpoint; "
                         f"change one with --model-overrides \"{{'{key}': ...}}\")")
             return f" ({typed[0]} is an option of the {MODEL_NAME} presets: --arch {MODEL_NAME} or another of them)"

@@ -75,6 +75,7 @@ def test_help_lists_every_preset(capsys):
                  "--dyt-alpha", "--rmsnorm-eps", "--encoder-layers", "--hc-streams N Hyper-connections"):
         assert flag in flat, flag
     assert re.search(r"--hc-streams N .*range \[1, 16\]; default 4", flat)
+    assert re.search(r"--admin-profile FILE .* CHECKPOINT OUT; default none", flat)  # a path: no numeric range
 
     for typed in (["--help", "--arch", "residual_transformer_tiny"],  # argparse runs --help before it reads --arch
                   ["--help", "--arch=residual_transformer_tiny"], ["--arch", "transformer", "--help", "-a",
@@ -124,6 +125,10 @@ def test_argparse_errors_are_one_line_with_the_closest_option(monkeypatch, capsy
     err = error_of("fairseq-generate", ["bin", "--user-dir", USER_DIR, "--hc-streams", "4"])
     assert ("(--hc-streams is a model option: this tool reads the model's settings from the checkpoint; change one "
             "with --model-overrides \"{'hc_streams': ...}\")") in err
+    err = error_of("fairseq-generate", ["bin", "--user-dir", USER_DIR, "--residual-scheme", "mhc"])
+    assert err.endswith("(--residual-scheme is a model option: this tool builds the model with the residual_scheme "
+                        "the checkpoint was trained with, whose weights are that residual_scheme's; drop it); "
+                        "fairseq-generate --help lists the options\n"), err  # not an override that then fails
     err = error_of("python", ["bin", "--user-dir", USER_DIR, "--bem", "4"])
     assert err.startswith("usage: ") and "did you mean" not in err
 
@@ -237,7 +242,8 @@ def test_a_model_trained_pruned_translates_and_resumes(tiny_data_bin, tmp_path, 
     monkeypatch.undo()
     # fairseq-generate parses model options after --arch, then builds the checkpoint's saved model: refused
     with pytest.raises(AssertionError, match=r"--residual-scheme: fairseq-generate builds the model from the "
-                                             r"checkpoint's saved settings and ignores model options"):
+                                             r"checkpoint's saved settings and ignores model options on its command "
+                                             r"line; drop it \(the checkpoint names its scheme\)(?!, or change)"):
         translate(data_bin, whole / "checkpoint_last.pt", "--arch", "residual_transformer", "--residual-scheme", "lns")
     # fairseq-validate hands every option typed to the loader as an override: only --model-overrides' are checked
     validate = ["fairseq-validate", data_bin, "--user-dir", USER_DIR, "--path", whole / "checkpoint_last.pt",

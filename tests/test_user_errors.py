@@ -459,6 +459,26 @@ def test_an_option_of_another_scheme_typed_at_its_default_is_refused_in_training
     build(hydra, ["model.residual_scheme=pre_ln", "task.data=x"], "--residual-scheme", "pre_ln", "--hc-streams", "4")
 
 
+def test_a_pre_ln_checkpoint_overridden_to_a_post_ln_scheme_names_the_override(monkeypatch):
+    """fairseq-generate --model-overrides "{'residual_scheme': 'post_ln'}" on a Pre-LN checkpoint: its saved
+    encoder_normalize_before (set by its scheme, not typed) meets the overridden scheme; the error names the
+    override to drop, not a --encoder-normalize-before the user never typed; fairseq-train keeps its own fix."""
+    from fairseq_residual.user_errors import SettingError
+
+    saved = ["--residual-scheme", "post_ln", "--encoder-normalize-before"]
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-generate"])
+    with pytest.raises(SettingError) as loading:
+        build_model(MODEL_NAME + "_tiny", *saved, dictionary=DICTIONARY)
+    assert str(loading.value) == (
+        "--encoder-normalize-before asks for Pre-LN but --residual-scheme is post_ln: a checkpoint saves "
+        "encoder_normalize_before=True with the Pre-LN-type scheme it was trained with, so if --model-overrides sets "
+        "residual_scheme, drop it (the checkpoint names its scheme, and its weights are that scheme's)")
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train"])
+    with pytest.raises(SettingError, match=r"is post_ln: the scheme decides where LayerNorm goes; drop "
+                                           r"--encoder-normalize-before or use --residual-scheme pre_ln$"):
+        build_model(MODEL_NAME + "_tiny", *saved, dictionary=DICTIONARY)
+
+
 def test_a_missing_checkpoint_path_is_named_with_the_checkpoints_beside_it(tmp_path, monkeypatch):
     """fairseq-generate / -interactive / -validate load --path through fairseq's load_model_ensemble: a path that
     does not exist names what its folder holds (complete checkpoints, newest first) or that the folder is missing;

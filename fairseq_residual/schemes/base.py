@@ -30,7 +30,7 @@ import torch
 
 from ..optim_groups import flat_master_copy_refusal
 from ..residual import SublayerResidual, StackResidual
-from ..user_errors import SettingError, UserInputError
+from ..user_errors import SettingError, UserInputError, advice_for_this_tool
 
 STACKS = ("encoder", "decoder")
 
@@ -304,7 +304,7 @@ class ResidualScheme:
                 continue
             extra = {"choices": o.choices} if o.choices else {"type": o.type}
             default = f"; default {o.default_text}" if o.default_text else "" if o.default is None else f"; default {o.default}"
-            rng = "" if o.choices else f"; range {o.range_text()}"
+            rng = "" if o.choices or o.type is str else f"; range {o.range_text()}"  # a str: a path, a name
             parser.add_argument(o.flag, metavar=o.metavar, help=f"{self.label}: {o.help}{rng}{default}", **extra)
 
     def fill_defaults(self, args) -> None:
@@ -346,10 +346,14 @@ class ResidualScheme:
         if not self.normalize_before:
             for stack in STACKS:
                 if getattr(args, f"{stack}_normalize_before", False):
+                    loading = (f"a checkpoint saves {stack}_normalize_before=True with the Pre-LN-type scheme it "
+                               f"was trained with, so if --model-overrides sets residual_scheme, drop it (the "
+                               f"checkpoint names its scheme, and its weights are that scheme's)")
+                    training = (f"the scheme decides where LayerNorm goes; drop --{stack}-normalize-before or use "
+                                f"--residual-scheme pre_ln")
                     raise SettingError(
                         f"--{stack}-normalize-before asks for Pre-LN but --residual-scheme is "
-                        f"{self.name}: the scheme decides where LayerNorm goes; drop "
-                        f"--{stack}-normalize-before or use --residual-scheme pre_ln"
+                        f"{self.name}: {advice_for_this_tool(loading, training)}"
                     )
         if self.final_norm_needed and getattr(args, "no_decoder_final_norm", False):
             raise SettingError(
