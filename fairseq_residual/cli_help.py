@@ -58,17 +58,20 @@ class ModelHelpAction(argparse._HelpAction):
 
 
 def _arch_typed(parser):
-    """The value of the last ``--arch`` (any of its option strings, ``--arch X`` or ``--arch=X``) among the
+    """The value of the last ``--arch`` (any of its option strings: ``--arch X``, ``--arch=X``, ``-aX``) among the
     arguments ``parser`` is parsing (recorded by :func:`add_model_args`), or None: argparse runs ``--help``'s
     action as soon as it reads it, before the options after it are parsed."""
     arch_flags = [s for a in parser._actions if a.dest == "arch" for s in a.option_strings]
     typed, arch = getattr(parser, "arguments_parsed", []), None
+    short = [f for f in arch_flags if len(f) == 2]  # -a: argparse also takes -aVALUE
     for i, argument in enumerate(typed):
         flag, equals, value = argument.partition("=")
         if argument in arch_flags and i + 1 < len(typed):
             arch = typed[i + 1]
         elif equals and flag in arch_flags:
             arch = value
+        elif any(argument.startswith(f) and len(argument) > 2 for f in short):
+            arch = argument[2:]
     return arch
 
 

@@ -15,7 +15,8 @@ Hydra's convention: ``FAIRSEQ_RESIDUAL_FULL_ERROR=1`` prints the whole traceback
 ``HYDRA_FULL_ERROR``). Every other exception, and every program that is not one of those tools (a notebook, a
 user's script importing the plugin), keeps Python's report unchanged. ``fairseq-hydra-train`` is left to Hydra,
 which prints the message alone after its ``Error executing job with overrides: [...]`` line (the errors are
-Hydra ``CompactHydraException``s; in full with ``HYDRA_FULL_ERROR=1``).
+Hydra ``CompactHydraException``s; in full with ``HYDRA_FULL_ERROR=1``); fairseq's trainer's wrapping of a
+checkpoint's error and a spawned worker's error reach Hydra as other exceptions and keep its traceback.
 """
 import importlib
 import os

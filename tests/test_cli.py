@@ -78,7 +78,8 @@ def test_help_lists_every_preset(capsys):
     assert re.search(r"--admin-profile FILE .* CHECKPOINT OUT; default none", flat)  # a path: no numeric range
 
     for typed in (["--help", "--arch", "residual_transformer_tiny"],  # argparse runs --help before it reads --arch
-                  ["--help", "--arch=residual_transformer_tiny"], ["--arch", "transformer", "--help", "-a",
+                  ["--help", "--arch=residual_transformer_tiny"], ["--help", "-aresidual_transformer_tiny"],
+                  ["--arch", "transformer", "--help", "-a",
                                                                    "residual_transformer_tiny"]):
         with pytest.raises(SystemExit) as exit_:
             options.parse_args_and_arch(options.get_training_parser(), ["--user-dir", USER_DIR] + typed)

@@ -539,6 +539,15 @@ def test_a_crash_reported_in_one_line_is_a_crash(tmp_path):
     assert run_dir_failure(make_run(tmp_path, "post_ln-12L-seed2", None, head, checkpoint=False)) is None
     finished = make_run(tmp_path, "post_ln-12L-seed3", None, head + error + "\n", checkpoint=True)
     assert run_dir_failure(finished) is None  # a final checkpoint: resumable, not failed
+    # fairseq-hydra-train: Hydra's line, then the message alone (no traceback), then its HYDRA_FULL_ERROR hint
+    message = "data directory /d does not exist: pass the --destdir of fairseq-preprocess"
+    hydra = make_run(tmp_path, "post_ln-12L-seed4", None, head + "Error executing job with overrides: ['task.data=/d']"
+                     f"\n{message}\n\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n",
+                     checkpoint=False)
+    assert run_dir_failure(hydra) == f"crashed without a final checkpoint: {message} (train.log)"
+    traced = make_run(tmp_path, "post_ln-12L-seed5", None, head + "Error executing job with overrides: []\n"
+                      "Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyError: 'x'\n", checkpoint=False)
+    assert run_dir_failure(traced) == "crashed without a final checkpoint: KeyError: 'x' (train.log)"
 
 
 def test_the_papers_numbers_stand_beside_the_comparable_metric_only(tmp_path):

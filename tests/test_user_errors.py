@@ -436,7 +436,8 @@ def test_an_option_of_another_scheme_typed_at_its_default_is_refused_in_training
                                     r"hyper_connections .*drop --hc-streams or use --residual-scheme hyper_connections$"),
             (["--hc-dynamic"], r"^--hc-dynamic \(model.hc_dynamic\) is an option of --residual-scheme hyper_conn"),
             (["--hc-static"], r"^--hc-static \(model.hc_dynamic=false\) is an option of --residual-scheme hyper_c"),
-            (["--dyt-alpha", "0.5"], r"^--dyt-alpha is an option of --norm dyt, but the norm is layernorm")]:
+            (["--dyt-alpha", "0.5"], r"^--dyt-alpha \(model.dyt_alpha\) is an option of --norm dyt \(model.norm=dyt\), "
+                                     r"but the norm is layernorm")]:
         flags = ["--residual-scheme", "pre_ln", *typed]
         with pytest.raises(OptionError, match=message):
             build(train, flags, *flags)
@@ -445,7 +446,9 @@ def test_an_option_of_another_scheme_typed_at_its_default_is_refused_in_training
     build(train, ["--residual-scheme", "pre_ln", "--norm", "dyt", "--dyt-alpha", "0.5"], "--residual-scheme", "pre_ln",
           "--norm", "dyt", "--dyt-alpha", "0.5")
     build(train, ["--residual-scheme", "pre_ln"], "--residual-scheme", "pre_ln", "--hc-streams", "4")  # not typed
-    build("/usr/bin/python3", [], "--residual-scheme", "pre_ln", "--hc-streams", "4")  # a script's own settings
+    for program in ("/usr/bin/python3", "/venv/bin/fairseq-generate"):  # a script's own settings; a checkpoint's
+        build(program, ["--residual-scheme", "pre_ln", "--hc-streams", "4"], "--residual-scheme", "pre_ln",
+              "--hc-streams", "4")
 
     hydra = "/venv/bin/fairseq-hydra-train"  # the fix in Hydra's terms
     with pytest.raises(OptionError, match=r"^--hc-streams \(model.hc_streams\) is an option of --residual-scheme hyp.*"
@@ -453,8 +456,9 @@ def test_an_option_of_another_scheme_typed_at_its_default_is_refused_in_training
         build(hydra, ["model.residual_scheme=pre_ln", "+model.hc_streams=4"], "--residual-scheme", "pre_ln")
     with pytest.raises(OptionError, match=r"^--hc-static \(model.hc_dynamic=false\) is .*: drop model.hc_dynamic or"):
         build(hydra, [], "--residual-scheme", "pre_ln", "--hc-static")
-    with pytest.raises(OptionError, match=r"^--dyt-alpha is an option of --norm dyt, but the norm is layernorm: drop "
-                                          r"model.dyt_alpha or use model.norm=dyt$"):
+    with pytest.raises(OptionError, match=r"^--dyt-alpha \(model.dyt_alpha\) is an option of --norm dyt "
+                                          r"\(model.norm=dyt\), but the norm is layernorm: drop model.dyt_alpha or "
+                                          r"use model.norm=dyt$"):
         build(hydra, ["model.dyt_alpha=0.5"], "--dyt-alpha", "0.5")
     build(hydra, ["model.residual_scheme=pre_ln", "task.data=x"], "--residual-scheme", "pre_ln", "--hc-streams", "4")
 
@@ -472,7 +476,8 @@ def test_a_pre_ln_checkpoint_overridden_to_a_post_ln_scheme_names_the_override(m
     assert str(loading.value) == (
         "--encoder-normalize-before asks for Pre-LN but --residual-scheme is post_ln: a checkpoint saves "
         "encoder_normalize_before=True with the Pre-LN-type scheme it was trained with, so if --model-overrides sets "
-        "residual_scheme, drop it (the checkpoint names its scheme, and its weights are that scheme's)")
+        "residual_scheme or encoder_normalize_before, drop it (the checkpoint names its scheme, and its weights are "
+        "that scheme's)")
     monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train"])
     with pytest.raises(SettingError, match=r"is post_ln: the scheme decides where LayerNorm goes; drop "
                                            r"--encoder-normalize-before or use --residual-scheme pre_ln$"):

@@ -321,7 +321,7 @@ class ResidualScheme:
         for o in self.OPTIONS:
             value = getattr(args, o.dest, None)
             if o.dest in typed or o.default is not None and value is not None and value != o.default:
-                given.append(o.negative if o.type is bool and value is False else o.flag)
+                given.append(o.negative if o.type is bool and not value else o.flag)
         return given
 
     def validate(self, args) -> None:
@@ -347,8 +347,9 @@ class ResidualScheme:
             for stack in STACKS:
                 if getattr(args, f"{stack}_normalize_before", False):
                     loading = (f"a checkpoint saves {stack}_normalize_before=True with the Pre-LN-type scheme it "
-                               f"was trained with, so if --model-overrides sets residual_scheme, drop it (the "
-                               f"checkpoint names its scheme, and its weights are that scheme's)")
+                               f"was trained with, so if --model-overrides sets residual_scheme or "
+                               f"{stack}_normalize_before, drop it (the checkpoint names its scheme, and its weights "
+                               f"are that scheme's)")
                     training = (f"the scheme decides where LayerNorm goes; drop --{stack}-normalize-before or use "
                                 f"--residual-scheme pre_ln")
                     raise SettingError(

@@ -387,7 +387,7 @@ def _rates_from(parser, args, given):
     if not args.rank or args.lr_grid or "--lr" in given:
         parser.error("--lr-from gives each row of a ranking the rate another ranking chose: add --rank "
                      "CONDITION and drop --lr-grid and --lr (which would set the rates otherwise)")
-    rates, chosen_by = {}, {}
+    rates, chosen_by, clashes = {}, {}, {}
     for path in source.split(","):
         try:
             condition, chosen = chosen_rates(path)
@@ -401,8 +401,7 @@ def _rates_from(parser, args, given):
             if lr is None:
                 rates.setdefault(row, None)
             elif rates.get(row) not in (None, lr):
-                parser.error(f"--lr-from: {chosen_by[row]} chose {rates[row]:g} for {row}, {path} chose {lr:g}: "
-                             f"drop one of the two rankings, or {row} from --schemes")
+                clashes.setdefault(row, f"{chosen_by[row]} chose {rates[row]:g} for {row}, {path} chose {lr:g}")
             else:
                 rates[row], chosen_by[row] = lr, path
     rated = [row for row, lr in rates.items() if lr is not None]
@@ -411,6 +410,10 @@ def _rates_from(parser, args, given):
         args.schemes = [s for s in ORDER if s in rated]
     if args.ablations is parser.get_default("ablations"):
         args.ablations = [a for a in ABLATIONS if row_key(a) in rated]
+    clashing = [clashes[r] for r in grid_rows(args) if r in clashes]
+    if clashing:
+        parser.error(f"--lr-from: {'; '.join(clashing)}: drop one of the rankings, or those rows from --schemes / "
+                     "--ablations")
     missing = [r for r in grid_rows(args) if rates.get(r) is None]
     if missing:
         parser.error(f"--lr-from {source} chose no rate for {', '.join(missing)} (it has one for "

@@ -38,6 +38,9 @@ DONE = re.compile(r"done training in")
 #: the line naming a crash's error: an exception's (``[module.]NameError: message``; ``...Exception``,
 #: ``...Interrupt``) or the plugin's one-line report (``fairseq-train: error: ...``)
 ERROR_LINE = re.compile(r"^(?:[\w.]*(?:Error|Exception|Interrupt)\b.*|fairseq-[\w-]+: error: .*)$")
+#: Hydra's first line about a failed job; the next line is the error's message when Hydra reports it by its message
+#: alone (the plugin's errors about the user's input), else ``Traceback ...``
+HYDRA_JOB = re.compile(r"^Error executing job with overrides")
 #: the logs of a run directory that training writes (not the evaluation's)
 LOG_GLOBS = ("hydra_train.log", "train.log", "slurm-*.out", "*.log")
 
@@ -104,7 +107,8 @@ def run_dir_divergence(run_dir):
 def run_dir_failure(run_dir):
     """Why the run in ``run_dir`` stopped without diverging, or None: a crash (a traceback, Hydra's or torchrun's
     report, or the plugin's one-line error, after a log's last 'done training') that left no
-    ``checkpoint_last.pt``, named by the last error line after it (:data:`ERROR_LINE`; torchrun's
+    ``checkpoint_last.pt``, named by the last error line after it (:data:`ERROR_LINE`, or the message Hydra prints
+    alone after :data:`HYDRA_JOB`; torchrun's
     ``ChildFailedError`` only when no worker's error is in the log). Check :func:`run_dir_divergence` first: a
     diverged run may crash too."""
     error = None
@@ -118,7 +122,15 @@ def run_dir_failure(run_dir):
             if DONE.search(line):
                 done_at = position
         if crashed_at > done_at:
-            found = [line.strip() for line in lines[crashed_at:] if ERROR_LINE.match(line.strip())]
+            found = []
+            for position in range(crashed_at, len(lines)):
+                line = lines[position].strip()
+                if HYDRA_JOB.match(line):  # the message on the next line, or a traceback whose error comes later
+                    message = next((later.strip() for later in lines[position + 1:] if later.strip()), "")
+                    if message and not message.startswith("Traceback"):
+                        found.append(message)
+                elif ERROR_LINE.match(line):
+                    found.append(line)
             named = [line for line in found if "ChildFailedError" not in line] or found
             error = error or (f"{named[-1][:200]} ({os.path.basename(path)})" if named
                               else f"see {os.path.basename(path)}")

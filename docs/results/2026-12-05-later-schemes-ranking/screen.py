@@ -6,7 +6,10 @@ it may claim"), which this script restates and does not change:
 * candidate for a 3-seed run: more than MARGIN (0.1 bit) below Pre-LN's seed-2 valid nll at 3,000 updates, or in
   the equal-compute reading at Pre-LN's training CPU-seconds measured in this study (its one cell, seed 2);
 * behind Pre-LN at this budget: more than MARGIN above it at 3,000 updates;
-* level with Pre-LN within seed noise: otherwise. A row whose cell diverged or failed is named so, not ranked.
+* level with Pre-LN within seed noise: otherwise.
+
+A row whose cell diverged or failed has no valid nll: it is named so and not screened (the later plan is silent on
+it; the ranking's plan says a diverged run never wins).
 
 The second equal-compute reading, at the CPU-seconds the 3-seed ranking reads from Pre-LN's three cells
 (RANKING_PRE_LN_CPU_S), is printed beside it, as the plan asks, and decides nothing. Equal compute is read as the
@@ -29,7 +32,7 @@ RANKING_PRE_LN_CPU_S = 1363.5  # 3,000 updates at the 3-seed ranking's Pre-LN CP
 
 def at_cpu_seconds(row, cpu_s):
     """(valid nll, is an upper bound) on ``row``'s curve after ``cpu_s`` training CPU-seconds, or (None, False)
-    before its first validation."""
+    before its first validation: the report's reading (``ranking.equal_compute``) at other CPU-seconds."""
     curve = sorted((int(u), v) for u, v in row["equal_compute"]["curve"].items())
     updates = cpu_s / row["cpu_per_update"]
     if updates >= curve[-1][0]:
@@ -53,15 +56,19 @@ def screen(report):
     for name, row in rows.items():
         if name == "pre_ln":
             continue
+        if row["diverged"] or row["failed"] or row["broken"]:  # no valid nll: named so, not ranked (the plan's
+            # rule says nothing of such a cell; this is the ranking plan's "a diverged run never wins")
+            table.append((row["label"], row.get("lr"), None, None, None, None, None,
+                          "diverged" if row["diverged"] else "failed"))
+            continue
         if row.get("lr") is None or row["valid_nll"][0] is None:
             table.append((row["label"], row.get("lr"), None, None, None, None, None, "pending"))
             continue
         nll = row["valid_nll"][0]
-        ec, ec_bound = at_cpu_seconds(row, pre_cpu_s)
+        # the report's own equal-compute reading, at this study's Pre-LN CPU-seconds
+        ec, ec_bound = row["equal_compute"]["nll"][0], row["equal_compute"]["bound"]
         ranking_ec, ranking_bound = at_cpu_seconds(row, RANKING_PRE_LN_CPU_S)
-        if row["diverged"] or row["failed"] or row["broken"]:
-            verdict = "diverged" if row["diverged"] else "failed"
-        elif nll < pre_nll - MARGIN or (ec is not None and ec < pre_nll - MARGIN):
+        if nll < pre_nll - MARGIN or (ec is not None and ec < pre_nll - MARGIN):
             verdict = "candidate"
         elif nll > pre_nll + MARGIN:
             verdict = "behind"
