@@ -53,7 +53,8 @@ Options:
   --benchmark B        iwslt14, wmt14 or opus100
   --run-dir DIR        the run's checkpoint directory (SAVE_ROOT/<benchmark>/<scheme>-<N>L-seed<K>)
   --data DIR           the binarized data the run was trained on
-  --checkpoint C       best, last or a checkpoint file (default: best for iwslt14 -- the authors
+  --checkpoint C       best, last or a checkpoint file of this run, whose scheme and depth --run-dir's
+                       name must match (default: best for iwslt14 -- the authors
                        select by validation BLEU --, last for opus100; wmt14 averages)
   --average N          average the last N checkpoints instead (default: 10 for wmt14, the
                        authors' keep_last_epochs; 0 = off)
@@ -82,7 +83,8 @@ Options:
   --source-lang L      --target-lang L: iwslt14 / wmt14 languages (default: de-en for iwslt14,
                        en-de for wmt14)
   --cpu                generate on CPU
-  --out FILE           result JSON (default: RUN_DIR/eval/SUBSET.json)
+  --out FILE           result JSON (default: RUN_DIR/eval/SUBSET.json); with --out the translations go
+                       beside it, FILE without .json + .generate-SUBSET.txt
   --extra "ARGS"       more fairseq-generate arguments (space separated; may be repeated)
   -h, --help           show this help
 
@@ -159,8 +161,11 @@ command -v fairseq-generate >/dev/null 2>&1 \
 RUN_DIR="$(cd "$RUN_DIR" && pwd)"
 DATA="$(cd "$DATA" && pwd)"
 EVAL_DIR="$RUN_DIR/eval"
+# the translations go beside the result: RUN_DIR/eval/generate-SUBSET.txt, or beside --out (OUT.generate-...)
+# when given, so that an evaluation with other settings never overwrites the run's own translations
+if [[ -n "$OUT" ]]; then GEN_PREFIX="${OUT%.json}.generate-"; else GEN_PREFIX="$EVAL_DIR/generate-"; fi
 OUT="${OUT:-$EVAL_DIR/$SUBSET.json}"
-mkdir -p "$EVAL_DIR"
+mkdir -p "$EVAL_DIR" "$(dirname "$OUT")"
 
 NEWSTEST_JSON=null
 if [[ $NEWSTEST_AVERAGE == 1 ]]; then  # check every year's split and reference before decoding
@@ -214,7 +219,14 @@ else
         *) CKPT="$CHECKPOINT" ;;
     esac
 fi
+if [[ -d "$CKPT" ]]; then
+    die "--checkpoint $CKPT is a folder: give a checkpoint file in it ($(cd "$CKPT" && ls -t -- *.pt 2>/dev/null \
+        | head -3 | tr '\n' ' ')), or best / last of --run-dir"
+fi
 [[ -f "$CKPT" ]] || die "checkpoint $CKPT not found (did training finish? see $RUN_DIR/train.log)"
+if (( AVERAGE == 0 )) && [[ $CHECKPOINT != best && $CHECKPOINT != last ]]; then  # a file from elsewhere
+    why="$(tools checkpoint-fits-run "$CKPT" "$(basename "$RUN_DIR")" 2>&1)" || die "$why"
+fi
 if [[ $BENCHMARK != opus100 ]]; then  # a model of the other direction would translate the wrong way
     TRAINED="$(tools checkpoint-langs "$CKPT")" || die "cannot read $CKPT"
     [[ -z "$TRAINED" || "$TRAINED" == "$SRC $TGT" ]] || die "$CKPT was trained ${TRAINED/ /->}, but this" \
@@ -248,7 +260,7 @@ META="$(tools eval-meta "$BENCHMARK" "$RUN_DIR" "$run_name" "$CKPT" "$AVERAGE_LO
 
 # ---- 2 + 3. generate and score -----------------------------------------------------------------
 if [[ $BENCHMARK != opus100 ]]; then
-    GEN="$EVAL_DIR/generate-$SUBSET.txt"
+    GEN="${GEN_PREFIX}$SUBSET.txt"
     generate "$GEN" --source-lang "$SRC" --target-lang "$TGT"
     EXPECT="$(count_sentences "$DATA/$SUBSET.$SRC-$TGT.$SRC")"
     SCORE_ARGS=(--benchmark "$BENCHMARK" --generate "$GEN" --target-lang "$TGT")
@@ -262,7 +274,7 @@ if [[ $BENCHMARK != opus100 ]]; then
                 YEAR_GENS+=("$y=$GEN")  # the main test split, decoded with the same settings
                 continue
             fi
-            gen_y="$EVAL_DIR/generate-newstest$y.txt"
+            gen_y="${GEN_PREFIX}newstest$y.txt"
             generate "$gen_y" --source-lang "$SRC" --target-lang "$TGT" --gen-subset "$sub" \
                 --beam "$NEWSTEST_BEAM" --lenpen "$lp"
             YEAR_GENS+=("$y=$gen_y")
@@ -285,7 +297,7 @@ else
         if [[ -f "$DATA/$SUBSET.$s-$t.$s.idx" ]]; then pair="$s-$t"; first=$s
         elif [[ -f "$DATA/$SUBSET.$t-$s.$t.idx" ]]; then pair="$t-$s"; first=$t
         else log "no $SUBSET data for $d: skipped"; continue; fi
-        GEN="$EVAL_DIR/generate-$SUBSET.$d.txt"
+        GEN="${GEN_PREFIX}$SUBSET.$d.txt"
         generate "$GEN" --task translation_multi_simple_epoch --langs "$LANGS" --lang-pairs "$PAIRS" \
             --source-lang "$s" --target-lang "$t" --encoder-langtok tgt \
             --max-source-positions 256 --max-target-positions 256 --truncate-source \

@@ -101,6 +101,23 @@ def test_evaluate_iwslt14_tokenized_bleu(trained_run):
         assert ("fairseq-generate ->" in proc.stdout) == (message == "fairseq-generate failed"), proc.stdout[-3000:]
         assert gen.read_text() == before and not (run_dir / "eval" / "generate-test.txt.partial").exists()
 
+    # a checkpoint of another run (scheme or depth) is refused, a folder is named as one; an evaluation with its own
+    # --out writes its translations beside that file, never over the run's
+    other = run_dir.parent / "pre_ln-2L-seed1"
+    other.mkdir(exist_ok=True)
+    iwslt = ["--benchmark", "iwslt14", "--source-lang", "src", "--target-lang", "tgt", "--data", data_bin, "--cpu"]
+    proc = run_script([EVALUATE, *iwslt, "--run-dir", other, "--checkpoint", run_dir / "checkpoint_last.pt"],
+                      check=False, timeout=300)
+    assert proc.returncode != 0 and ("holds a resi_dual model with 2 encoder layers, but the run directory "
+                                     "pre_ln-2L-seed1 is pre_ln with 2") in proc.stdout, proc.stdout[-3000:]
+    proc = run_script([EVALUATE, *iwslt, "--run-dir", run_dir, "--checkpoint", run_dir], check=False, timeout=300)
+    assert proc.returncode != 0 and "is a folder: give a checkpoint file in it (checkpoint" in proc.stdout
+    out = run_dir.parent / "beam1" / "result.json"
+    run_script([EVALUATE, *iwslt, "--run-dir", run_dir, "--checkpoint", "last", "--beam", "1", "--out", out],
+               timeout=300)
+    assert json.loads(out.read_text())["generation"]["beam"] == 1
+    assert (out.parent / "result.generate-test.txt").exists() and gen.read_text() == before
+
 
 @pytest.mark.slow
 def test_evaluate_wmt14_with_checkpoint_averaging_and_the_newstest_average(trained_run, tmp_path):

@@ -17,6 +17,9 @@
   speed-summary OUT DTYPE...   the goals summary of the speed benchmark's bench_<dtype>.json files
   checkpoint-langs CKPT         the source and target language a checkpoint's task was trained with ("SRC TGT";
                                empty when it does not say, e.g. a multilingual task)
+  checkpoint-fits-run CKPT NAME
+                               refuse (exit status 1, the reason) a checkpoint whose model is of another scheme or
+                               encoder depth than the run directory NAME ({scheme}-{layers}L-seed{seed}) names
   run-settings RUN_DIR OVERRIDE...
                                record the run's training settings (:func:`run_settings`) in RUN_DIR, or refuse
                                (exit status 1, the differences and the fix) when RUN_DIR holds a checkpoint of a
@@ -106,20 +109,43 @@ def eval_meta(bench, run_dir, name, ckpt, average_log, subset, beam, lenpen, a, 
     })
 
 
-def checkpoint_langs(path):
-    """``"SRC TGT"`` of the checkpoint's translation task (its saved ``cfg.task``, or the legacy ``args``), "" when
-    it names none. Loads with ``mmap``: the tensors are not read."""
+def _saved_section(path, section):
+    """A getter ``get(key, default)`` of a checkpoint's saved ``cfg.<section>`` (``task``, ``model``), or of its
+    legacy ``args``. Loads with ``mmap``: the tensors are not read."""
     import torch
 
     import fairseq_residual  # noqa: F401  (the safe loader's allow-list of fairseq's checkpoint types)
 
     state = torch.load(path, map_location="cpu", mmap=True)
     cfg = state.get("cfg")
-    task = cfg.get("task") if isinstance(cfg, dict) else getattr(cfg, "task", None) if cfg is not None else None
-    task = task if task is not None else state.get("args")
-    get = task.get if isinstance(task, dict) else (lambda key, default=None: getattr(task, key, default))
+    part = cfg.get(section) if isinstance(cfg, dict) else getattr(cfg, section, None) if cfg is not None else None
+    part = part if part is not None else state.get("args")
+    return part.get if isinstance(part, dict) else (lambda key, default=None: getattr(part, key, default))
+
+
+def checkpoint_langs(path):
+    """``"SRC TGT"`` of the checkpoint's translation task (its saved ``cfg.task``, or the legacy ``args``), "" when
+    it names none."""
+    get = _saved_section(path, "task")
     src, tgt = get("source_lang", None), get("target_lang", None)
     return f"{src} {tgt}" if src and tgt else ""
+
+
+def checkpoint_fits_run(path, name):
+    """Why the checkpoint ``path`` is not of the run directory ``name`` (``{scheme}-{layers}L-seed{seed}``): its
+    model's residual scheme (a stock fairseq transformer's: post_ln or pre_ln, by ``encoder_normalize_before``)
+    or encoder depth differs from the name's; "" when they agree, or when ``name`` is not a run name."""
+    run = parse_run_name(name)
+    if run is None:
+        return ""
+    get = _saved_section(path, "model")
+    scheme = get("residual_scheme", None) or ("pre_ln" if get("encoder_normalize_before", False) else "post_ln")
+    layers = get("encoder_layers", None)
+    if scheme == run["scheme"] and (layers is None or int(layers) == run["layers"]):
+        return ""
+    return (f"{path} holds a {scheme} model with {layers} encoder layers, but the run directory {name} is "
+            f"{run['scheme']} with {run['layers']}: its results would be filed under the wrong run; pass the "
+            f"--run-dir that checkpoint was trained in, or a checkpoint of this run")
 
 
 #: the Hydra keys that define what a run trains (a prefix ending in '.' takes a group, one ending in '=' one key):
@@ -204,6 +230,10 @@ def main(argv=None):
         print(eval_meta(*args))
     elif cmd == "checkpoint-langs" and len(args) == 1:
         print(checkpoint_langs(args[0]))
+    elif cmd == "checkpoint-fits-run" and len(args) == 2:
+        why = checkpoint_fits_run(*args)
+        if why:
+            sys.exit(why)
     elif cmd == "run-settings" and args:
         os.makedirs(args[0], exist_ok=True)
         why = check_run_settings(args[0], args[1:])
