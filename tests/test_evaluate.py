@@ -439,7 +439,7 @@ def test_newstest_average_refuses_missing_years(tmp_path, monkeypatch):
 
 # ---- collect_results --------------------------------------------------------------------------
 
-def make_run(root, name, score=None, log="", checkpoint=True, metric="tokenized_bleu"):
+def make_run(root, name, score=None, log="", checkpoint=True, metric="tokenized_bleu", beam=None, which="best"):
     run = root / "iwslt14" / name
     run.mkdir(parents=True)
     (run / "train.log").write_text(log)
@@ -447,11 +447,34 @@ def make_run(root, name, score=None, log="", checkpoint=True, metric="tokenized_
         (run / "checkpoint_last.pt").write_bytes(b"")
     if score is not None:
         (run / "eval").mkdir()
+        decoded = {} if beam is None else {  # as scripts/evaluate.sh records it
+            "generation": {"beam": beam, "lenpen": 1.0, "max_len_a": 1.2, "max_len_b": 10},
+            "checkpoint": {"path": str(run / f"checkpoint_{which}.pt"), "averaged": None}}
         (run / "eval" / "test.json").write_text(json.dumps({
             "metrics": {metric: {"score": score, "signature": "nrefs:1|case:lc|tok:none",
                                  "description": "tokenized lowercased BLEU"}},
-            "primary_metric": metric}))
+            "primary_metric": metric, **decoded}))
     return run
+
+
+def test_collect_results_names_runs_decoded_differently(tmp_path, capsys):
+    """A table whose runs were evaluated with different beams or checkpoints says so and names them; one
+    evaluated alike states the settings once; a root that does not exist is one line, not a traceback."""
+    make_run(tmp_path / "alike", "pre_ln-2L-seed1", 10.0, beam=5)
+    make_run(tmp_path / "alike", "resi_dual-2L-seed1", 11.0, beam=5)
+    text = collect_results.report(collect_results.find_runs([str(tmp_path / "alike" / "iwslt14")]))
+    assert "Decoded with beam 5, lenpen 1.0, checkpoint_best.pt." in text and "like for like" not in text
+    make_run(tmp_path / "mixed", "pre_ln-2L-seed1", 10.0, beam=2, which="last")
+    make_run(tmp_path / "mixed", "resi_dual-2L-seed1", 11.0, beam=5)
+    make_run(tmp_path / "mixed", "post_ln-2L-seed1", 9.0)  # a result without its settings
+    text = collect_results.report(collect_results.find_runs([str(tmp_path / "mixed" / "iwslt14")]))
+    assert ("**Decoded with different settings, so these cells do not compare like for like:** beam 2, lenpen 1.0, "
+            "checkpoint_last.pt (`pre_ln-2L-seed1`); beam 5, lenpen 1.0, checkpoint_best.pt (`resi_dual-2L-seed1`); "
+            "settings not recorded (`post_ln-2L-seed1`).") in text
+    with pytest.raises(SystemExit) as exit_:
+        collect_results.main([str(tmp_path / "nowhere")])
+    assert str(exit_.value) == (f"collect_results.py: error: {tmp_path / 'nowhere'} is not a directory: give "
+                                "SAVE_ROOT/<benchmark> folders (or SAVE_ROOT)")
 
 
 @pytest.mark.slow

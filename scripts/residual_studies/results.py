@@ -72,6 +72,7 @@ def read_run(run_dir, subset="test"):
         run["metrics"] = {k: v for k, v in data.get("metrics", {}).items()
                           if isinstance(v, dict) and "score" in v}
         run["primary_metric"] = data.get("primary_metric")
+        run["evaluated"] = evaluation_settings(data)
     if reason:
         run["status"], run["reason"] = "diverged", reason
     elif failure:
@@ -81,6 +82,18 @@ def read_run(run_dir, subset="test"):
     else:
         run["status"] = "incomplete"
     return run
+
+
+def evaluation_settings(result):
+    """How an evaluation (scripts/evaluate.sh's result JSON) decoded: ``"beam B, lenpen L, <checkpoint>"`` with
+    the checkpoint's file name, or the number of checkpoints averaged; None when the result does not say."""
+    generation, checkpoint = result.get("generation"), result.get("checkpoint")
+    if not isinstance(generation, dict) or not isinstance(checkpoint, dict):
+        return None
+    averaged = checkpoint.get("averaged")
+    which = (f"the average of {len(averaged)} checkpoints" if averaged else
+             os.path.basename(checkpoint.get("path") or "") or "checkpoint unknown")
+    return f"beam {generation.get('beam')}, lenpen {generation.get('lenpen')}, {which}"
 
 
 def find_runs(roots, subset="test"):
@@ -196,6 +209,17 @@ def table(bench, runs, metric, schemes=None, depths=None, seeds=None, warmup=Tru
     if signatures:
         lines.append("Signature: " + "; ".join(f"`{s}`" for s in signatures) + ".")
     lines.append("Mean ± sample standard deviation over seeds; failed and diverged runs are counted, not dropped.")
+    settings = {}
+    for r in runs:
+        if metric in r["metrics"]:
+            settings.setdefault(r.get("evaluated") or "settings not recorded", []).append(
+                os.path.basename(r["run_dir"]))
+    if len(settings) == 1:
+        lines.append(f"Decoded with {next(iter(settings))}.")
+    elif settings:  # runs decoded differently: their cells are not like for like
+        lines.append("**Decoded with different settings, so these cells do not compare like for like:** " + "; ".join(
+            f"{how} ({', '.join(f'`{n}`' for n in sorted(names))})" for how, names in sorted(settings.items()))
+            + ". Evaluate every run the same way (scripts/evaluate.sh with the same options).")
     comparable = PAPER_METRICS.get(bench, {})
     paper = describe(bench) if metric in comparable else None
     direction = comparable.get(metric)
@@ -262,7 +286,10 @@ def main(argv=None):
     parser.add_argument("--json", help="also write every run's status and metrics here")
     args = parser.parse_args(argv)
 
-    by_bench = find_runs(args.roots, args.subset)
+    try:
+        by_bench = find_runs(args.roots, args.subset)
+    except FileNotFoundError as e:
+        sys.exit(f"collect_results.py: error: {e}: give SAVE_ROOT/<benchmark> folders (or SAVE_ROOT)")
     if not by_bench:
         sys.exit(f"collect_results.py: error: no run directories (<scheme>-<N>L-seed<K>) under {args.roots}")
     text = report(by_bench, args.metric, _csv(args.schemes), _csv(args.depths, int),
