@@ -518,9 +518,20 @@ def test_bad_input_messages(trained, data, tmp_path, capsys):
          ["weights.pt is a PyTorch file but not a fairseq checkpoint"]),
         ([data, "--checkpoint", os.path.dirname(trained[0]), "--output-dir", str(tmp_path)],
          ["is a folder, not a checkpoint: ", "(newest first); pass --checkpoint ", "or another of them"]),
-    ]
+        ([trained[0], "--output-dir", str(tmp_path)],  # the checkpoint where DATA goes
+         [f"{trained[0]} is a file, not a data directory", f"--checkpoint {trained[0]}"]),
+        ([data, "--checkpoint", str(tmp_path / "de-en.pt"), "--source-lang", "en", "--target-lang", "de",
+          "--output-dir", str(tmp_path)],
+         ["was trained de->en, but the batches would be read en->de",
+          "pass --source-lang de --target-lang en"]),
+        ([data, "--device", "nodevice"] + fresh, ["--device nodevice: not a torch device"]),
+    ] + ([] if torch.cuda.is_available() else [
+        ([data, "--device", "cuda"] + fresh, ["--device cuda: this torch has no CUDA device", "use --device cpu"])])
     (tmp_path / "result.json").write_text('{"cell": "x"}\n')
     torch.save({"w": torch.zeros(2)}, tmp_path / "weights.pt")
+    state = torch.load(trained[0], map_location="cpu", weights_only=False)  # as trained with -s de -t en
+    state["cfg"]["task"]["source_lang"], state["cfg"]["task"]["target_lang"] = "de", "en"
+    torch.save(state, tmp_path / "de-en.pt")
     for argv, phrases in cases:
         capsys.readouterr()
         assert main(argv) == 2, argv
@@ -530,6 +541,8 @@ def test_bad_input_messages(trained, data, tmp_path, capsys):
         for phrase in phrases:
             assert phrase in err, (phrase, err)
     assert not os.path.exists(tmp_path / "analysis.json")
+    # the same checkpoint read in its own direction (inferred from DATA's file names) is analysed
+    assert main([data, "--checkpoint", str(tmp_path / "de-en.pt"), "--no-plots", "--output-dir", str(tmp_path)]) == 0
 
 
 def test_the_summary_says_what_a_missing_gradient_ratio_means():

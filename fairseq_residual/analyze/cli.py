@@ -110,12 +110,18 @@ def run(args, extra=(), argv=None):
 
     _check_args(args, extra, long_options(build_parser()))
     src, tgt = check_data(args.data, args.subset, args.source_lang, args.target_lang)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as exc:
+        raise AnalyzeError(f"--device {args.device}: not a torch device ({exc}): use cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise AnalyzeError(f"--device {args.device}: this torch has no CUDA device (torch.cuda.is_available() is "
+                           f"False): use --device cpu, or leave --device out")
     models = []  # (source, path or scheme); built one at a time to keep memory low
     if args.checkpoint:
         for path in args.checkpoint:
             if not os.path.isfile(path):
-                load_checkpoint_model(path, args.data, args.residual_scheme)  # raises the message
+                load_checkpoint_model(path, args.data, args.residual_scheme, (src, tgt))  # raises the message
         for path in args.checkpoint:
             models.append(("checkpoint", path))
     else:
@@ -125,7 +131,7 @@ def run(args, extra=(), argv=None):
     runs = []
     for source, what in models:
         if source == "checkpoint":
-            model, task, scheme = load_checkpoint_model(what, args.data, args.residual_scheme)
+            model, task, scheme = load_checkpoint_model(what, args.data, args.residual_scheme, (src, tgt))
             info = {"source": "checkpoint", "checkpoint": what}
         else:
             arch = args.arch or DEFAULT_ARCH

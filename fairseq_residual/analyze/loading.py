@@ -37,6 +37,10 @@ def check_data(data, subset, source_lang=None, target_lang=None):
         "pass the --destdir of fairseq-preprocess (it holds dict.SRC.txt, dict.TGT.txt and "
         "SUBSET.SRC-TGT.SRC.bin/.idx)"
     )
+    if os.path.isfile(data):
+        raise AnalyzeError(f"{data} is a file, not a data directory: the first argument is the binarized data "
+                           f"(DATA), a checkpoint goes after --checkpoint: fairseq-residual-analyze DATA "
+                           f"--checkpoint {data}")
     if not os.path.isdir(data):
         raise AnalyzeError(f"data directory not found: {data}: {fix}")
     if source_lang is None or target_lang is None:
@@ -143,19 +147,22 @@ def checkpoint_scheme(state):
     return PRE_LN if "encoder.layer_norm.weight" in weights else POST_LN
 
 
-def load_checkpoint_model(path, data, scheme=None):
+def load_checkpoint_model(path, data, scheme=None, langs=None):
     """Load a fairseq checkpoint for analysis, with ``data`` as the task's data directory.
 
     Args:
         path: checkpoint file written by fairseq-train.
         data: binarized data directory (its dictionaries must be the checkpoint's).
         scheme: the scheme the user expects (``--residual-scheme``), or None / ``all`` for any.
+        langs: ``(source, target)`` of the batches the model will read (:func:`check_data`), or None.
 
     Returns:
         ``(model, task, scheme)``.
 
     Raises:
-        AnalyzeError: missing or unreadable file, scheme mismatch, dictionaries that do not fit.
+        AnalyzeError: missing or unreadable file, scheme mismatch, a model of the other direction than ``langs``
+            (a joined dictionary binarizes both directions alike, so the shapes would not tell), dictionaries
+            that do not fit.
     """
     from fairseq import checkpoint_utils, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -194,6 +201,13 @@ def load_checkpoint_model(path, data, scheme=None):
     cfg = state.get("cfg")
     if cfg is None:
         cfg = convert_namespace_to_omegaconf(state["args"])
+    trained = (getattr(cfg.task, "source_lang", None), getattr(cfg.task, "target_lang", None))
+    if langs is not None and all(trained) and tuple(trained) != tuple(langs):
+        raise AnalyzeError(
+            f"checkpoint {path} was trained {trained[0]}->{trained[1]}, but the batches would be read "
+            f"{langs[0]}->{langs[1]} (from DATA's file names, or --source-lang/--target-lang): pass --source-lang "
+            f"{trained[0]} --target-lang {trained[1]} (with data of that direction)"
+        )
     with open_dict(cfg):
         cfg.task.data = os.path.abspath(data)
     task = tasks.setup_task(cfg.task)
