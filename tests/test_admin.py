@@ -418,6 +418,22 @@ def test_profile_exporter_on_a_checkpoint_of_another_scheme_names_that_scheme(tm
     assert not out.exists()
 
 
+def test_profile_exporter_names_a_folder_given_as_checkpoint_or_out(tmp_path, capsys):
+    from conftest import build_model
+
+    model, _, _ = build_model("residual_transformer_tiny", "--residual-scheme", "admin")
+    ckpt = tmp_path / "checkpoint_last.pt"
+    torch.save({"model": model.state_dict()}, ckpt)
+    assert admin_profile.main([str(tmp_path), str(tmp_path / "profile.ratio.init")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: CHECKPOINT {tmp_path} is a folder, not a checkpoint") and "checkpoint_last.pt" in err
+    for out in (tmp_path, tmp_path / "missing" / "profile.ratio.init"):
+        assert admin_profile.main([str(ckpt), str(out)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: OUT {out} is a folder, or in a folder that does not exist: name the profile "
+                              "file to write"), err
+
+
 def test_profile_exporter_help_exits_0_and_a_usage_error_exits_2(capsys):
     assert admin_profile.main(["--help"]) == 0
     assert "CHECKPOINT [OUT]" in capsys.readouterr().out

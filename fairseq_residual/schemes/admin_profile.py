@@ -121,8 +121,13 @@ def export_profile(checkpoint: str, out: str) -> None:
             own errors; :func:`main` names the file).
     """
     import fairseq_residual  # noqa: F401  (allow-lists fairseq's checkpoint globals)
-    from fairseq_residual.checkpoint_safety import check_not_truncated
+    from fairseq_residual.checkpoint_safety import check_not_truncated, folder_message
 
+    if os.path.isdir(checkpoint):
+        raise SettingError(folder_message(checkpoint, "CHECKPOINT"))
+    if os.path.isdir(out) or not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+        raise SettingError(f"OUT {out} is a folder, or in a folder that does not exist: name the profile file to "
+                           f"write, e.g. {os.path.join(out if os.path.isdir(out) else '.', 'profile.ratio.init')}")
     check_not_truncated(checkpoint, "export the profile from a complete checkpoint of the run")
 
     from .admin import SCHEME  # the scheme's module imports this one
