@@ -183,6 +183,13 @@ def test_corrupt_data_files_name_the_file(tmp_path):
     shutil.copy(os.path.join(DATA, "test.de"), data / "test.de")
     digests, counts = demo.check_corpus(str(data))
     assert counts == {"train": 13032, "valid": 1000, "test": 1000} and len(digests) == 6
+    binarized = tmp_path / "data-bin"  # what a fairseq user may pass: fairseq-preprocess's output
+    binarized.mkdir()
+    for name in ("dict.de.txt", "dict.en.txt", "train.de-en.de.idx", "train.de-en.de.bin"):
+        (binarized / name).write_text("")
+    with pytest.raises(ToolError, match=r"is a fairseq-preprocess output \(dict.\*.txt, \*.bin/.idx\); --data takes "
+                                        r"the raw text corpus \(train.de/.en, valid.de/.en, test.de/.en"):
+        demo.check_corpus(str(binarized))
 
 
 def test_larger_max_update_continues_the_finished_run(demo_run, tmp_path, capsys, monkeypatch):

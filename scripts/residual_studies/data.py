@@ -16,6 +16,7 @@ cells and the demo's runs see the same pieces for the same settings:
 4. :func:`decode` and :func:`score`: hypotheses decoded with the sentencepiece model, sacreBLEU and chrF
    (sacrebleu's Python API) against the raw references.
 """
+import glob
 import os
 import shutil
 import subprocess
@@ -56,6 +57,10 @@ def check_corpus(data_dir, src=SRC, tgt=TGT):
     if not os.path.isdir(data_dir):
         raise ToolError(f"corpus folder not found: {data_dir} (expected {SPLITS} x .{src}/.{tgt} "
                         f"files, see data/README.md)")
+    if glob.glob(os.path.join(data_dir, "dict.*.txt")) and glob.glob(os.path.join(data_dir, "*.idx")):
+        raise ToolError(f"{data_dir} is a fairseq-preprocess output (dict.*.txt, *.bin/.idx); --data takes the raw "
+                        f"text corpus ({', '.join(f'{s}.{src}/.{tgt}' for s in SPLITS)}, e.g. data/ding), which the "
+                        f"study tokenizes and binarizes itself")
     digests, counts = {}, {}
     for split in SPLITS:
         for lang in (src, tgt):
