@@ -170,7 +170,14 @@ def test_dry_run_lists_the_selection_cells_and_trains_nothing(fake_study, capsys
     assert "post_ln warm6 seed 1 lr 0.004 (selection, 4 updates)" in out
     assert "post_ln warm12 seed 1 lr 0.001 (selection, 4 updates)" in out
     assert "then seeds 2,3,4 of every row and condition at the row's chosen learning rate" in out
-    assert not re.search(r"seed \d+: ", out)  # no cell without a rate (the --seeds grid does not run here)
+    # the claims' grid at --lr is trained too (the report shows both protocols): its cells are listed and counted
+    assert re.search(r"^post_ln nowarm6 seed 3: ", out, re.M) and re.search(r"^post_ln warm12 seed 1: ", out, re.M)
+    assert ("6 cells at lr 0.002, 4 selection cells of 4 updates, then 6 at the chosen rates of 4 updates (a cell "
+            "already finished under --out is skipped)") in out, out
+    run("--schemes", "post_ln", "--rank", "warm12", "--lr-grid", "1e-3,4e-3", "--dry-run")
+    out = capsys.readouterr().out
+    assert not re.search(r"seed \d+: ", out)  # --rank trains no cell without a rate
+    assert "2 selection cells of 4 updates, then 3 at the chosen rates" in out, out
     assert fake.calls == []
 
 

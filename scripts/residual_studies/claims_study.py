@@ -107,17 +107,24 @@ def study(args):
     rate = args.lr_by_row or {}  # --lr-from: each row's rate; else --lr (None)
     cells = [(r, c, k) for c in args.conditions for r in rows for k in args.seeds]
     if args.dry_run:
-        for r, c, k in ([] if args.lr_grid else cells):  # with --lr-grid the seeds are --tune-seeds', below
+        fixed = [] if args.lr_grid and args.rank else cells  # --rank --lr-grid trains the chosen rates' cells only
+        for r, c, k in fixed:
             print(f"{r} {c} seed {k}" + (f" lr {rate[r]:g}" if r in rate else "") +
                   f": {cell_folder(args, data, r, c, k, rate.get(r))}")
+        summary = f"{len(fixed)} cells of {args.updates} updates"
         if args.lr_grid:
-            for c in lr_protocol.selection_conditions(args.conditions):
-                for r in rows:
-                    for lr in args.lr_grid:
-                        print(f"{r} {c} seed {args.select_seed} lr {lr:g} (selection, {args.select_updates} "
-                              f"updates): {cell_folder(args, data, r, c, args.select_seed, lr)}")
+            selection = [(c, r, lr) for c in lr_protocol.selection_conditions(args.conditions) for r in rows
+                         for lr in args.lr_grid]
+            for c, r, lr in selection:
+                print(f"{r} {c} seed {args.select_seed} lr {lr:g} (selection, {args.select_updates} "
+                      f"updates): {cell_folder(args, data, r, c, args.select_seed, lr)}")
+            tuned = len(rows) * len(args.conditions) * len(args.tune_seeds)
             print(f"then seeds {','.join(map(str, args.tune_seeds))} of every row and condition at the row's "
                   "chosen learning rate")
+            summary = (f"{len(fixed)} cells at lr {args.lr:g}, " if fixed else "") + (
+                f"{len(selection)} selection cells of {args.select_updates} updates, then {tuned} at the chosen "
+                f"rates of {args.updates} updates")
+        print(f"{summary} (a cell already finished under --out is skipped)")
         return 0
     if args.lr_grid:
         return study_protocols(args, data, rows, cells, t0)

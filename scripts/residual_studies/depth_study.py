@@ -191,7 +191,8 @@ def study(args):
     data = grid.start(args, log)
     cells = [(s, d) for d in args.depths for s in args.schemes]
     if args.dry_run:
-        for s, d in cells:
+        print(f"{len(cells)} cells of {args.updates} updates, deepest first")
+        for s, d in sorted(cells, key=lambda c: -c[1]):  # the order grid.run trains them in
             st = cell.settings(args, s, d, data)
             run_dir = cell.folder(args.out, st)
             print(f"{run_dir}\n  " + " ".join(shlex.quote(c) for c in cell.train_command(args, st, data["bin"], run_dir)))
