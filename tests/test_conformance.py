@@ -66,6 +66,18 @@ def test_every_registered_scheme_has_a_reference_transcription():
     assert set(REFERENCES) == set(SCHEME_NAMES)
 
 
+def test_every_scheme_has_a_colour_of_its_own():
+    """The one palette of every plot (``schemes.colors``): a plot of all schemes tells each line apart."""
+    from matplotlib.colors import to_rgb
+
+    from fairseq_residual.schemes import colors
+
+    palette = colors()
+    assert set(palette) == set(SCHEME_NAMES)
+    rgb = {name: to_rgb(c) for name, c in palette.items()}
+    assert len(set(rgb.values())) == len(rgb), sorted(rgb, key=rgb.get)
+
+
 @pytest.mark.parametrize("scheme", SCHEME_NAMES)
 def test_matches_its_reference_transcription(scheme):
     d = make_dictionary()

@@ -33,6 +33,27 @@ def _style(i, run):
     return style
 
 
+def _legend(ax, inside_up_to=8):
+    """The axes' legend, inside it for up to ``inside_up_to`` lines; more (``--residual-scheme all`` draws one
+    per registered scheme) would hide the curves and the panels beside, so the figure gets one legend on its
+    right instead (:func:`_figure_legend`, drawn when it is saved)."""
+    if len(ax.get_legend_handles_labels()[0]) <= inside_up_to:
+        ax.legend(fontsize=8)
+    elif not hasattr(ax.figure, "_legend_from"):
+        ax.figure._legend_from = ax
+
+
+def _figure_legend(fig):
+    """One legend beside ``fig`` of the lines of the axes :func:`_legend` chose, in columns of at most 20, each
+    line named by its model (a label's parenthesised detail, e.g. one panel's gradient ratio, left out)."""
+    ax = getattr(fig, "_legend_from", None)
+    if ax is None:
+        return
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, [label.split(" (")[0] for label in labels], loc="center left", bbox_to_anchor=(1.0, 0.5),
+               fontsize=7, ncol=-(-len(handles) // 20))
+
+
 def write_plots(runs, out_dir, meta, dpi=90):
     """One PNG per quantity, every run overlaid; returns the written paths.
 
@@ -61,7 +82,8 @@ def write_plots(runs, out_dir, meta, dpi=90):
     def save(fig, name):
         path = os.path.join(out_dir, name)
         fig.tight_layout()
-        fig.savefig(path, dpi=dpi)
+        _figure_legend(fig)
+        fig.savefig(path, dpi=dpi, bbox_inches="tight")  # the legend beside the figure is kept whole
         plt.close(fig)
         paths.append(path)
 
@@ -86,7 +108,7 @@ def write_plots(runs, out_dir, meta, dpi=90):
             label = run["label"] + (f" (layer 1 / top = {ratio:.3g})" if ratio is not None else "")
             ax.plot(range(1, len(values) + 1), values, label=label, **_style(i, run))
         layers_axis(ax, n, f"{s}", "||grad of layer parameters|| (log)", log=True)
-        ax.legend(fontsize=8)
+        _legend(ax)
     fig.suptitle(f"Gradient norm of each layer's parameters\n({what})", fontsize=10)
     save(fig, "grad_norm_layers.png")
 
@@ -110,7 +132,9 @@ def write_plots(runs, out_dir, meta, dpi=90):
         handles, labels = ax.get_legend_handles_labels()
     legend_ax.axis("off")
     if handles:
-        legend_ax.legend(handles, labels, loc="center", title="model")
+        many = len(handles) > 12  # --residual-scheme all: two columns of small print fit the empty panel
+        legend_ax.legend(handles, labels, loc="center", title="model", fontsize=6.5 if many else None,
+                         ncol=2 if many else 1)
     fig.suptitle("Gradient norm at each sub-layer's output h (the branch added to the residual "
                  f"stream), all positions\n({what})", fontsize=10)
     save(fig, "grad_norm_sublayers.png")
@@ -135,7 +159,7 @@ def write_plots(runs, out_dir, meta, dpi=90):
         ax.set_ylabel("mean cos(y_l, y_l+1) over tokens")
         ax.set_ylim(top=1.02)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend(ax)
     fig.suptitle("Cosine similarity of consecutive layer outputs (1 = the layer changed nothing: "
                  f"representation collapse)\n({what})", fontsize=10)
     save(fig, "cosine_similarity.png")
@@ -158,7 +182,7 @@ def write_plots(runs, out_dir, meta, dpi=90):
             ax.axhline(safety * FP16_MAX, color="gray", linestyle=":", linewidth=1,
                        label=f"safety limit {safety:g} x 65504")
             layers_axis(ax, n, s, "max |x_d| after the layer (log)", log=True)
-            ax.legend(fontsize=8)
+            _legend(ax)
         fig.suptitle(f"ResiDual dual stream x_d: largest magnitude per layer vs the fp16 range\n({what})",
                      fontsize=10)
         save(fig, "dual_stream_range.png")
@@ -182,7 +206,7 @@ def write_plots(runs, out_dir, meta, dpi=90):
                 layers_axis(axes[1, col], n, s, "||M - I||_F / sqrt(n), M the layer's mixing")
             for ax in axes[:, col]:
                 if ax.get_legend_handles_labels()[0]:
-                    ax.legend(fontsize=8)
+                    _legend(ax)
         fig.suptitle("Residual streams: their mean pairwise cosine after each layer (streams collapsing into one\n"
                      "approach 1)" + (" and the distance of each layer's effective stream mixing from the identity"
                                       if mixing else "") + f"\n({what})", fontsize=10)

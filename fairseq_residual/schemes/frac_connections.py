@@ -139,7 +139,7 @@ class FracConnections(ResidualScheme):
     name = "frac_connections"
     label = "Frac-connections"
     scheme_id = 23
-    color = "teal"
+    color = "limegreen"
     update = ("x split into m fractions h_i; x_in = Cat_j(sum_i Y[i,j] h_i); o = drop(F(LN(x_in))); "
               "h'_j = sum_i A[i,j] h_i + B[j] o_j; Y, A, B static + s tanh(LN(h_i) W); no widening")
     output = "LN_final(x)"

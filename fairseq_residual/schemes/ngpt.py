@@ -326,7 +326,7 @@ class NGPT(ResidualScheme):
     label = "nGPT"
     scheme_id = 26
     builds_on = "post_ln"
-    color = "darkcyan"
+    color = "indigo"
     update = ("h = Norm(Norm(h) + a (Norm(drop(F(h))) - Norm(h))), Norm = x/||x||, a = |alpha| per feature; "
               "attention q, k normalised per head and scaled by s_qk, softmax scale sqrt(d_head); fc1 output x "
               "s_u sqrt(C); logits x s_z; no LayerNorm anywhere")
