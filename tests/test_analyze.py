@@ -541,6 +541,13 @@ def test_bad_input_messages(trained, data, tmp_path, capsys):
         for phrase in phrases:
             assert phrase in err, (phrase, err)
     assert not os.path.exists(tmp_path / "analysis.json")
+    with pytest.raises(SystemExit) as exit_:  # argparse's own errors: one line, the closest choice
+        main([data, "--residual-scheme", "resi-dual"] + fresh)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fairseq-residual-analyze: error: argument --residual-scheme: invalid choice: 'resi-dual' "
+                          "(choose from 'post_ln', ") and err.count("\n") == 1, err
+    assert err.endswith("'all') (did you mean resi_dual?); fairseq-residual-analyze --help lists the options\n")
     # the same checkpoint read in its own direction (inferred from DATA's file names) is analysed
     assert main([data, "--checkpoint", str(tmp_path / "de-en.pt"), "--no-plots", "--output-dir", str(tmp_path)]) == 0
 

@@ -270,7 +270,10 @@ def _tool_logging(verbose):
 def main(argv=None):
     """Entry point; returns the exit code (0 ok, 2 bad input). The logging it sets up lasts while it
     runs (:func:`_tool_logging`)."""
+    from ..cli_help import one_line_error
+
     parser = build_parser()
+    one_line_error(parser)  # a wrong choice on one line with the closest one, as in fairseq's tools
     args, extra = parser.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]  # "--" may separate the fairseq options
     with _tool_logging(args.verbose):
