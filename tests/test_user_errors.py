@@ -395,28 +395,36 @@ def test_only_the_typed_model_overrides_are_checked():
     assert typed_model_overrides(["bin", "--model-overrides", "{'a': x}"]) is None  # fairseq fails on it itself
 
 
-def test_a_scheme_option_saved_in_a_checkpoint_names_the_override_when_loading(monkeypatch):
-    """fairseq-generate on a hyper-connections checkpoint with --model-overrides "{'residual_scheme': 'mhc'}": the
-    checkpoint's saved --hc-streams meets the overridden scheme; the error gives the loading fix alone (there is no
-    --hc-streams to drop and no --residual-scheme flag in fairseq-generate), fairseq-train the training fix alone
-    (its options come from its command line, never from a checkpoint)."""
-    from fairseq_residual.schemes.base import OptionError
+@pytest.mark.parametrize("saved, loading, training", [
+    (["--residual-scheme", "mhc", "--hc-streams", 2],  # a hyper-connections checkpoint, overridden to mhc
+     "--hc-streams (model.hc_streams) is an option of --residual-scheme hyper_connections "
+     "(model.residual_scheme=hyper_connections), but the model's scheme is mhc: if --model-overrides sets it, drop "
+     "it there; if the checkpoint was trained with --residual-scheme hyper_connections and saved it, load it with "
+     "its own scheme (drop residual_scheme from --model-overrides)",
+     "--hc-streams (model.hc_streams) is an option of --residual-scheme hyper_connections "
+     "(model.residual_scheme=hyper_connections), but the model's scheme is mhc: drop --hc-streams or use "
+     "--residual-scheme hyper_connections"),
+    (["--residual-scheme", "post_ln", "--encoder-normalize-before"],  # a Pre-LN checkpoint, overridden to post_ln
+     "--encoder-normalize-before asks for Pre-LN but --residual-scheme is post_ln: a checkpoint saves "
+     "encoder_normalize_before=True with the Pre-LN-type scheme it was trained with, so if --model-overrides sets "
+     "residual_scheme or encoder_normalize_before, drop it (the checkpoint names its scheme, and its weights are "
+     "that scheme's)",
+     "--encoder-normalize-before asks for Pre-LN but --residual-scheme is post_ln: the scheme decides where "
+     "LayerNorm goes; drop --encoder-normalize-before or use --residual-scheme pre_ln"),
+], ids=["scheme-option", "normalize-before"])
+def test_a_saved_setting_meeting_an_overridden_scheme_names_the_fix_of_each_tool(monkeypatch, saved, loading,
+                                                                                  training):
+    """fairseq-generate on a checkpoint with --model-overrides "{'residual_scheme': ...}": a setting the checkpoint
+    saved with its own scheme (a scheme option, or the encoder_normalize_before its scheme set, never typed) meets
+    the overridden scheme; the error gives the loading fix alone (there is no flag to drop in fairseq-generate),
+    fairseq-train the training fix alone (its options come from its command line, never from a checkpoint)."""
+    from fairseq_residual.user_errors import UserInputError
 
-    flags = ["--residual-scheme", "mhc", "--hc-streams", 2]
-    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-generate"])
-    with pytest.raises(OptionError) as loading:
-        build_model(MODEL_NAME + "_tiny", *flags, dictionary=DICTIONARY)
-    assert str(loading.value) == (
-        "--hc-streams (model.hc_streams) is an option of --residual-scheme hyper_connections "
-        "(model.residual_scheme=hyper_connections), but the model's scheme is mhc: if --model-overrides sets it, drop "
-        "it there; if the checkpoint was trained with --residual-scheme hyper_connections and saved it, load it with "
-        "its own scheme (drop residual_scheme from --model-overrides)")
-    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train"])
-    with pytest.raises(OptionError) as training:
-        build_model(MODEL_NAME + "_tiny", *flags, dictionary=DICTIONARY)
-    assert str(training.value) == ("--hc-streams (model.hc_streams) is an option of --residual-scheme hyper_connections "
-                                   "(model.residual_scheme=hyper_connections), but the model's scheme is mhc: drop "
-                                   "--hc-streams or use --residual-scheme hyper_connections")
+    for tool, message in (("fairseq-generate", loading), ("fairseq-train", training)):
+        monkeypatch.setattr(sys, "argv", [f"/venv/bin/{tool}"])
+        with pytest.raises(UserInputError) as raised:
+            build_model(MODEL_NAME + "_tiny", *saved, dictionary=DICTIONARY)
+        assert str(raised.value) == message
 
 
 def test_an_option_of_another_scheme_typed_at_its_default_is_refused_in_training(monkeypatch):
@@ -461,27 +469,6 @@ def test_an_option_of_another_scheme_typed_at_its_default_is_refused_in_training
                                           r"use model.norm=dyt$"):
         build(hydra, ["model.dyt_alpha=0.5"], "--dyt-alpha", "0.5")
     build(hydra, ["model.residual_scheme=pre_ln", "task.data=x"], "--residual-scheme", "pre_ln", "--hc-streams", "4")
-
-
-def test_a_pre_ln_checkpoint_overridden_to_a_post_ln_scheme_names_the_override(monkeypatch):
-    """fairseq-generate --model-overrides "{'residual_scheme': 'post_ln'}" on a Pre-LN checkpoint: its saved
-    encoder_normalize_before (set by its scheme, not typed) meets the overridden scheme; the error names the
-    override to drop, not a --encoder-normalize-before the user never typed; fairseq-train keeps its own fix."""
-    from fairseq_residual.user_errors import SettingError
-
-    saved = ["--residual-scheme", "post_ln", "--encoder-normalize-before"]
-    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-generate"])
-    with pytest.raises(SettingError) as loading:
-        build_model(MODEL_NAME + "_tiny", *saved, dictionary=DICTIONARY)
-    assert str(loading.value) == (
-        "--encoder-normalize-before asks for Pre-LN but --residual-scheme is post_ln: a checkpoint saves "
-        "encoder_normalize_before=True with the Pre-LN-type scheme it was trained with, so if --model-overrides sets "
-        "residual_scheme or encoder_normalize_before, drop it (the checkpoint names its scheme, and its weights are "
-        "that scheme's)")
-    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train"])
-    with pytest.raises(SettingError, match=r"is post_ln: the scheme decides where LayerNorm goes; drop "
-                                           r"--encoder-normalize-before or use --residual-scheme pre_ln$"):
-        build_model(MODEL_NAME + "_tiny", *saved, dictionary=DICTIONARY)
 
 
 def test_a_missing_checkpoint_path_is_named_with_the_checkpoints_beside_it(tmp_path, monkeypatch):
