@@ -151,9 +151,9 @@ def run(args, extra=(), argv=None):
             batches = [utils.move_to_cuda(b, device) for b in batches]
         criterion = build_criterion(task, args.loss, args.label_smoothing)
         result = analyze_model(model, criterion, batches, args.keep_dropout, args.fp16_safety)
-        # a checkpoint by its run folder and file (the full path is in the report's "checkpoint")
-        label = SCHEME_NAMES[scheme] if source == "init" else \
-            f"{SCHEME_NAMES[scheme]}: {os.path.join(os.path.basename(os.path.dirname(os.path.abspath(what))), os.path.basename(what))}"
+        label = SCHEME_NAMES[scheme]
+        if source == "checkpoint":  # by its run folder and file (the report's "checkpoint" keeps the path)
+            label += f": {os.path.basename(os.path.dirname(os.path.abspath(what)))}/{os.path.basename(what)}"
         runs.append({"label": label, **info, **result})
         del model, batches
 
