@@ -59,7 +59,7 @@ def check_corpus(data_dir, src=SRC, tgt=TGT):
                         f"files, see data/README.md)")
     if glob.glob(os.path.join(data_dir, "dict.*.txt")) and glob.glob(os.path.join(data_dir, "*.idx")):
         raise ToolError(f"{data_dir} is a fairseq-preprocess output (dict.*.txt, *.bin/.idx); --data takes the raw "
-                        f"text corpus ({', '.join(f'{s}.{src}/.{tgt}' for s in SPLITS)}, e.g. data/ding), which the "
+                        f"text corpus ({', '.join(f'{s}.{src}/.{tgt}' for s in SPLITS)}, e.g. data/ding-de-en), which the "
                         f"study tokenizes and binarizes itself")
     digests, counts = {}, {}
     for split in SPLITS:
