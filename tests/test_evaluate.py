@@ -149,7 +149,7 @@ def test_evaluate_wmt14_with_checkpoint_averaging_and_the_newstest_average(train
     result = json.loads(out.read_text())
     averaged = result["checkpoint"]["averaged"]
     assert [p.rsplit("/", 1)[1] for p in averaged] == ["checkpoint6.pt", "checkpoint7.pt", "checkpoint8.pt"]
-    hyps, refs_tok = ordered_pairs(run_dir / "eval" / "generate-test.txt")
+    hyps, refs_tok = ordered_pairs(tmp_path / "wmt.generate-test.txt")  # beside --out
     split = [re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", x) for x in hyps + refs_tok]
     direct = sacrebleu_direct(split[:len(hyps)], split[len(hyps):], tokenize="none")
     assert result["metrics"]["tokenized_bleu_compound_split"]["score"] == pytest.approx(direct.score, abs=1e-9)
@@ -170,7 +170,7 @@ def test_evaluate_wmt14_with_checkpoint_averaging_and_the_newstest_average(train
     assert gen_cfg["subset"]["newstest2014"] == "test" and gen_cfg["subset"]["newstest2010"] == "newstest2010"
     scores = []
     for y in range(2010, 2017):
-        gen = run_dir / "eval" / ("generate-test.txt" if y == 2014 else f"generate-newstest{y}.txt")
+        gen = tmp_path / ("wmt.generate-test.txt" if y == 2014 else f"wmt.generate-newstest{y}.txt")
         got = result["newstest_per_year"][f"newstest{y}"]
         assert got["generate"] == str(gen)
         if y != 2014:  # the year's own split, decoded with beam 4 and lenpen 1.0, with the averaged checkpoint
