@@ -522,8 +522,8 @@ def test_bad_input_messages(trained, data, tmp_path, capsys):
          [f"{trained[0]} is a file, not a data directory", f"--checkpoint {trained[0]}"]),
         ([data, "--checkpoint", str(tmp_path / "de-en.pt"), "--source-lang", "en", "--target-lang", "de",
           "--output-dir", str(tmp_path)],
-         ["was trained de->en, but the batches would be read en->de",
-          "pass --source-lang de --target-lang en"]),
+         ["was trained de->en, but --source-lang/--target-lang ask for en->de: drop them",
+          "or pass --source-lang de --target-lang en"]),
         ([data, "--device", "nodevice"] + fresh, ["--device nodevice: not a torch device"]),
     ] + ([] if torch.cuda.is_available() else [
         ([data, "--device", "cuda"] + fresh, ["--device cuda: this torch has no CUDA device", "use --device cpu"])])
@@ -548,8 +548,14 @@ def test_bad_input_messages(trained, data, tmp_path, capsys):
     assert err.startswith("fairseq-residual-analyze: error: argument --residual-scheme: invalid choice: 'resi-dual' "
                           "(choose from 'post_ln', ") and err.count("\n") == 1, err
     assert err.endswith("'all') (did you mean resi_dual?); fairseq-residual-analyze --help lists the options\n")
-    # the same checkpoint read in its own direction (inferred from DATA's file names) is analysed
-    assert main([data, "--checkpoint", str(tmp_path / "de-en.pt"), "--no-plots", "--output-dir", str(tmp_path)]) == 0
+    # a checkpoint is measured in its own direction, whichever way DATA's files are named, and the report says which
+    state["cfg"]["task"]["source_lang"], state["cfg"]["task"]["target_lang"] = "en", "de"
+    torch.save(state, tmp_path / "en-de.pt")  # an en->de model on these de-en files (a joined dictionary)
+    for name, direction in (("de-en.pt", ("de", "en")), ("en-de.pt", ("en", "de"))):
+        assert main([data, "--checkpoint", str(tmp_path / name), "--no-plots", "--output-dir", str(tmp_path)]) == 0
+        report = json.loads((tmp_path / "analysis.json").read_text())
+        assert (report["source_lang"], report["target_lang"]) == direction
+        assert (report["models"][0]["source_lang"], report["models"][0]["target_lang"]) == direction
 
 
 def test_the_summary_says_what_a_missing_gradient_ratio_means():

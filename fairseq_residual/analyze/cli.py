@@ -117,11 +117,14 @@ def run(args, extra=(), argv=None):
     if device.type == "cuda" and not torch.cuda.is_available():
         raise AnalyzeError(f"--device {args.device}: this torch has no CUDA device (torch.cuda.is_available() is "
                            f"False): use --device cpu, or leave --device out")
+    # a checkpoint's task reads its own direction from DATA (either file naming): only languages the user typed
+    # can ask for another
+    typed_langs = (src, tgt) if args.source_lang or args.target_lang else None
     models = []  # (source, path or scheme); built one at a time to keep memory low
     if args.checkpoint:
         for path in args.checkpoint:
             if not os.path.isfile(path):
-                load_checkpoint_model(path, args.data, args.residual_scheme, (src, tgt))  # raises the message
+                load_checkpoint_model(path, args.data, args.residual_scheme, typed_langs)  # raises the message
         for path in args.checkpoint:
             models.append(("checkpoint", path))
     else:
@@ -131,7 +134,7 @@ def run(args, extra=(), argv=None):
     runs = []
     for source, what in models:
         if source == "checkpoint":
-            model, task, scheme = load_checkpoint_model(what, args.data, args.residual_scheme, (src, tgt))
+            model, task, scheme = load_checkpoint_model(what, args.data, args.residual_scheme, typed_langs)
             info = {"source": "checkpoint", "checkpoint": what}
         else:
             arch = args.arch or DEFAULT_ARCH
@@ -154,6 +157,7 @@ def run(args, extra=(), argv=None):
         label = SCHEME_NAMES[scheme]
         if source == "checkpoint":  # by its run folder and file (the report's "checkpoint" keeps the path)
             label += f": {os.path.basename(os.path.dirname(os.path.abspath(what)))}/{os.path.basename(what)}"
+        info.update(source_lang=task.cfg.source_lang, target_lang=task.cfg.target_lang)  # the direction measured
         runs.append({"label": label, **info, **result})
         del model, batches
 
@@ -163,8 +167,10 @@ def run(args, extra=(), argv=None):
         "command": [PROG] + list(sys.argv[1:] if argv is None else argv),
         "data": args.data,
         "subset": args.subset,
-        "source_lang": src,
-        "target_lang": tgt,
+        # the direction measured: the models' (each run records its own), DATA's when they differ
+        **(dict(source_lang=runs[0]["source_lang"], target_lang=runs[0]["target_lang"])
+           if len({(r["source_lang"], r["target_lang"]) for r in runs}) == 1 else
+           dict(source_lang=src, target_lang=tgt)),
         "batches": first["batches"],
         "max_tokens": args.max_tokens,
         "sentences": first["sentences"],

@@ -154,13 +154,14 @@ def load_checkpoint_model(path, data, scheme=None, langs=None):
         path: checkpoint file written by fairseq-train.
         data: binarized data directory (its dictionaries must be the checkpoint's).
         scheme: the scheme the user expects (``--residual-scheme``), or None / ``all`` for any.
-        langs: ``(source, target)`` of the batches the model will read (:func:`check_data`), or None.
+        langs: ``(source, target)`` the user typed (``--source-lang``/``--target-lang``), or None: the task reads
+            the checkpoint's own direction from ``data`` otherwise (fairseq takes either file naming).
 
     Returns:
         ``(model, task, scheme)``.
 
     Raises:
-        AnalyzeError: missing or unreadable file, scheme mismatch, a model of the other direction than ``langs``
+        AnalyzeError: missing or unreadable file, scheme mismatch, a model of another direction than ``langs``
             (a joined dictionary binarizes both directions alike, so the shapes would not tell), dictionaries
             that do not fit.
     """
@@ -204,9 +205,9 @@ def load_checkpoint_model(path, data, scheme=None, langs=None):
     trained = (getattr(cfg.task, "source_lang", None), getattr(cfg.task, "target_lang", None))
     if langs is not None and all(trained) and tuple(trained) != tuple(langs):
         raise AnalyzeError(
-            f"checkpoint {path} was trained {trained[0]}->{trained[1]}, but the batches would be read "
-            f"{langs[0]}->{langs[1]} (from DATA's file names, or --source-lang/--target-lang): pass --source-lang "
-            f"{trained[0]} --target-lang {trained[1]} (with data of that direction)"
+            f"checkpoint {path} was trained {trained[0]}->{trained[1]}, but --source-lang/--target-lang ask for "
+            f"{langs[0]}->{langs[1]}: drop them (a checkpoint is measured in its own direction) or pass "
+            f"--source-lang {trained[0]} --target-lang {trained[1]}"
         )
     with open_dict(cfg):
         cfg.task.data = os.path.abspath(data)
