@@ -163,7 +163,8 @@ DATA="$(cd "$DATA" && pwd)"
 EVAL_DIR="$RUN_DIR/eval"
 # the translations go beside the result: RUN_DIR/eval/generate-SUBSET.txt, or beside --out (OUT.generate-...)
 # when given, so that an evaluation with other settings never overwrites the run's own translations
-if [[ -n "$OUT" ]]; then GEN_PREFIX="${OUT%.json}.generate-"; else GEN_PREFIX="$EVAL_DIR/generate-"; fi
+if [[ -n "$OUT" && "$(cd "$(dirname "$OUT")" 2>/dev/null && pwd)/$(basename "$OUT")" != "$EVAL_DIR/$SUBSET.json" ]]
+then GEN_PREFIX="${OUT%.json}.generate-"; else GEN_PREFIX="$EVAL_DIR/generate-"; fi
 OUT="${OUT:-$EVAL_DIR/$SUBSET.json}"
 mkdir -p "$EVAL_DIR" "$(dirname "$OUT")"
 
@@ -220,8 +221,9 @@ else
     esac
 fi
 if [[ -d "$CKPT" ]]; then
-    die "--checkpoint $CKPT is a folder: give a checkpoint file in it ($(cd "$CKPT" && ls -t -- *.pt 2>/dev/null \
-        | head -3 | tr '\n' ' ')), or best / last of --run-dir"
+    held="$(cd "$CKPT" && ls -t -- *.pt 2>/dev/null | head -3 | tr '\n' ' ')"
+    if [[ -n "$held" ]]; then held="in it (${held% })"; else held="(it holds no *.pt)"; fi
+    die "--checkpoint $CKPT is a folder: give a checkpoint file $held, or best / last of --run-dir"
 fi
 [[ -f "$CKPT" ]] || die "checkpoint $CKPT not found (did training finish? see $RUN_DIR/train.log)"
 if (( AVERAGE == 0 )) && [[ $CHECKPOINT != best && $CHECKPOINT != last ]]; then  # a file from elsewhere

@@ -108,8 +108,8 @@ def test_evaluate_iwslt14_tokenized_bleu(trained_run):
     iwslt = ["--benchmark", "iwslt14", "--source-lang", "src", "--target-lang", "tgt", "--data", data_bin, "--cpu"]
     proc = run_script([EVALUATE, *iwslt, "--run-dir", other, "--checkpoint", run_dir / "checkpoint_last.pt"],
                       check=False, timeout=300)
-    assert proc.returncode != 0 and ("holds a resi_dual model with 2 encoder layers, but the run directory "
-                                     "pre_ln-2L-seed1 is pre_ln with 2") in proc.stdout, proc.stdout[-3000:]
+    assert proc.returncode != 0 and ("holds a resi_dual model with 2 encoder layers, seed 1, but the run directory "
+                                     "pre_ln-2L-seed1 is pre_ln with 2 layers, seed 1") in proc.stdout, proc.stdout[-3000:]
     proc = run_script([EVALUATE, *iwslt, "--run-dir", run_dir, "--checkpoint", run_dir], check=False, timeout=300)
     assert proc.returncode != 0 and "is a folder: give a checkpoint file in it (checkpoint" in proc.stdout
     out = run_dir.parent / "beam1" / "result.json"
@@ -457,20 +457,49 @@ def make_run(root, name, score=None, log="", checkpoint=True, metric="tokenized_
     return run
 
 
+def test_a_checkpoint_is_checked_against_the_run_directory_it_is_evaluated_for(tmp_path):
+    """evaluate.sh's check (scripts/residual_studies/shell.py): a checkpoint's scheme (a stock fairseq model's
+    from encoder_normalize_before), encoder depth and seed against the run directory's name; what a checkpoint
+    does not record is not compared; a folder that is not a run name is not checked."""
+    from argparse import Namespace
+
+    import fairseq_residual  # noqa: F401  (the safe loader's allow-list)
+    from residual_studies.shell import checkpoint_fits_run
+
+    plugin, stock = tmp_path / "plugin.pt", tmp_path / "stock.pt"
+    torch.save({"cfg": {"model": {"residual_scheme": "resi_dual", "encoder_layers": 6}, "common": {"seed": 2},
+                        "task": {}}, "model": {}}, plugin)
+    torch.save({"args": Namespace(arch="transformer", encoder_normalize_before=True, encoder_layers=6), "model": {}},
+               stock)
+    assert checkpoint_fits_run(str(plugin), "resi_dual-6L-seed2") == ""
+    for name in ("pre_ln-6L-seed2", "resi_dual-12L-seed2", "resi_dual-6L-seed3"):
+        assert checkpoint_fits_run(str(plugin), name).startswith(
+            f"{plugin} holds a resi_dual model with 6 encoder layers, seed 2, but the run directory {name} is ")
+    assert checkpoint_fits_run(str(stock), "pre_ln-6L-seed9") == ""  # no seed saved: not compared
+    assert checkpoint_fits_run(str(stock), "post_ln-6L-seed1").startswith(f"{stock} holds a pre_ln model with 6 "
+                                                                          "encoder layers, but the run directory")
+    assert checkpoint_fits_run(str(plugin), "my-run") == ""
+
+
 def test_collect_results_names_runs_decoded_differently(tmp_path, capsys):
     """A table whose runs were evaluated with different beams or checkpoints says so and names them; one
     evaluated alike states the settings once; a root that does not exist is one line, not a traceback."""
     make_run(tmp_path / "alike", "pre_ln-2L-seed1", 10.0, beam=5)
     make_run(tmp_path / "alike", "resi_dual-2L-seed1", 11.0, beam=5)
     text = collect_results.report(collect_results.find_runs([str(tmp_path / "alike" / "iwslt14")]))
-    assert "Decoded with beam 5, lenpen 1.0, checkpoint_best.pt." in text and "like for like" not in text
+    assert "Decoded with beam 5, lenpen 1.0, max length 1.2x+10, checkpoint_best.pt." in text
+    assert "like for like" not in text
     make_run(tmp_path / "mixed", "pre_ln-2L-seed1", 10.0, beam=2, which="last")
     make_run(tmp_path / "mixed", "resi_dual-2L-seed1", 11.0, beam=5)
     make_run(tmp_path / "mixed", "post_ln-2L-seed1", 9.0)  # a result without its settings
     text = collect_results.report(collect_results.find_runs([str(tmp_path / "mixed" / "iwslt14")]))
     assert ("**Decoded with different settings, so these cells do not compare like for like:** beam 2, lenpen 1.0, "
-            "checkpoint_last.pt (`pre_ln-2L-seed1`); beam 5, lenpen 1.0, checkpoint_best.pt (`resi_dual-2L-seed1`); "
-            "settings not recorded (`post_ln-2L-seed1`).") in text
+            "max length 1.2x+10, checkpoint_last.pt (`pre_ln-2L-seed1`); beam 5, lenpen 1.0, max length 1.2x+10, "
+            "checkpoint_best.pt (`resi_dual-2L-seed1`); settings not recorded (`post_ln-2L-seed1`).") in text
+    # only the runs of the table count: the 2+2 table without the 6+6 run decoded otherwise
+    make_run(tmp_path / "mixed", "pre_ln-6L-seed1", 12.0, beam=1)
+    runs = collect_results.find_runs([str(tmp_path / "mixed" / "iwslt14")])
+    assert "`pre_ln-6L-seed1`" not in collect_results.report(runs, depths=[2])
     with pytest.raises(SystemExit) as exit_:
         collect_results.main([str(tmp_path / "nowhere")])
     assert str(exit_.value) == (f"collect_results.py: error: {tmp_path / 'nowhere'} is not a directory: give "

@@ -158,7 +158,7 @@ class DenseFormer(ResidualScheme):
     name = "denseformer"
     label = "DenseFormer"
     scheme_id = 16
-    color = "darkorange"
+    color = "springgreen"
     update = ("Pre-LN layers X_i = B_i(Y_(i-1)); after layer i: Y_i = sum_(j<=i, j=i mod k) alpha_ij X_j "
               "(X_0 = embedding) where p divides i, else Y_i = X_i")
     output = "LN_final(Y_L)"

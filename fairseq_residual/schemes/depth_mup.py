@@ -86,7 +86,7 @@ class DepthMuP(ResidualScheme):
     name = "depth_mup"
     label = "Depth-µP"
     scheme_id = 25
-    color = "darkcyan"
+    color = "deeppink"
     update = "x = x + (L_base/L)^alpha * drop(F(LN(x))), L = layers of the stack (N or M), alpha 1/2 or 1 (CompleteP)"
     output = "LN_final(x)"
     init = ("no change; the layers' parameters train with Adam lr x `(L/L_base)^(alpha-1)` and eps x "

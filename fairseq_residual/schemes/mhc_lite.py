@@ -123,7 +123,7 @@ class MHCLite(ResidualScheme):
     name = "mhc_lite"
     label = "mHC-lite"
     scheme_id = 20
-    color = "mediumpurple"
+    color = "darkviolet"
     speed_goal = MULTI_STREAM_GOAL
     update = ("n streams; h_in = sum_i H_pre[i] h_i; o = drop(F(LN(h_in))); h'_j = sum_i H_res[j,i] h_i + H_post[j] o; "
               "H_pre, H_post as mHC; H_res = sum_k softmax(alpha_res x' phi_res + b_res)_k P_k over the n! "

@@ -320,7 +320,7 @@ class MuddFormer(ResidualScheme):
     name = "muddformer"
     label = "MUDDFormer"
     scheme_id = 17
-    color = "sienna"
+    color = "chartreuse"
     update = ("Pre-LN layers whose attention reads q, k, v and whose residual reads r from their own mixes of the "
               "earlier outputs: after layer i, X^s = sum_(j<=i) (b^s_ij + A^s_ij(X_i)) X_j per stream s, "
               "A = W2 GELU(W1 RMSNorm(X_i)) per position; h = X^r + drop(Attn(LN_q(X^q), LN_k(X^k), LN_v(X^v))), "

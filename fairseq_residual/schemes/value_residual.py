@@ -172,7 +172,7 @@ class ValueResidual(ResidualScheme):
     name = "value_residual"
     label = "Value residual"
     scheme_id = 19
-    color = "crimson"
+    color = "maroon"
     update = ("x = x + drop(Attn(LN(x))) with the values of every self-attention after the first "
               "V_n = 0.5 V_1 + 0.5 V_n (learned: V_1 + g (V_n - V_1), g a per-token, per-head sigmoid gate); "
               "FFN and cross-attention as Pre-LN")

@@ -73,6 +73,7 @@ def read_run(run_dir, subset="test"):
                           if isinstance(v, dict) and "score" in v}
         run["primary_metric"] = data.get("primary_metric")
         run["evaluated"] = evaluation_settings(data)
+        run["evaluated_newstest"] = evaluation_settings(data, newstest=True)
     if reason:
         run["status"], run["reason"] = "diverged", reason
     elif failure:
@@ -84,16 +85,22 @@ def read_run(run_dir, subset="test"):
     return run
 
 
-def evaluation_settings(result):
-    """How an evaluation (scripts/evaluate.sh's result JSON) decoded: ``"beam B, lenpen L, <checkpoint>"`` with
-    the checkpoint's file name, or the number of checkpoints averaged; None when the result does not say."""
+def evaluation_settings(result, newstest=False):
+    """How an evaluation (scripts/evaluate.sh's result JSON) decoded: ``"beam B, lenpen L, max length aX+b,
+    <checkpoint>"`` with the checkpoint's file name, or the number of checkpoints averaged; ``newstest``: the
+    newstest2010-2016 average's decoding (its beam, a length penalty per year); None when the result does not say
+    (or, with ``newstest``, has no such average)."""
     generation, checkpoint = result.get("generation"), result.get("checkpoint")
-    if not isinstance(generation, dict) or not isinstance(checkpoint, dict):
+    if not generation or not checkpoint or not isinstance(generation, dict) or not isinstance(checkpoint, dict):
         return None
     averaged = checkpoint.get("averaged")
     which = (f"the average of {len(averaged)} checkpoints" if averaged else
              os.path.basename(checkpoint.get("path") or "") or "checkpoint unknown")
-    return f"beam {generation.get('beam')}, lenpen {generation.get('lenpen')}, {which}"
+    if newstest:
+        years = result.get("newstest_average_generation")
+        return f"beam {years.get('beam')}, lenpen per year, {which}" if isinstance(years, dict) else None
+    return (f"beam {generation.get('beam')}, lenpen {generation.get('lenpen')}, max length "
+            f"{generation.get('max_len_a')}x+{generation.get('max_len_b')}, {which}")
 
 
 def find_runs(roots, subset="test"):
@@ -209,11 +216,12 @@ def table(bench, runs, metric, schemes=None, depths=None, seeds=None, warmup=Tru
     if signatures:
         lines.append("Signature: " + "; ".join(f"`{s}`" for s in signatures) + ".")
     lines.append("Mean ± sample standard deviation over seeds; failed and diverged runs are counted, not dropped.")
-    settings = {}
+    settings = {}  # how the runs of this table were decoded
+    key = "evaluated_newstest" if metric.startswith("sacrebleu_newstest") else "evaluated"
     for r in runs:
-        if metric in r["metrics"]:
-            settings.setdefault(r.get("evaluated") or "settings not recorded", []).append(
-                os.path.basename(r["run_dir"]))
+        if metric in r["metrics"] and r["scheme"] in schemes and r["layers"] in depths and (
+                not seeds or r["seed"] in seeds):
+            settings.setdefault(r.get(key) or "settings not recorded", []).append(os.path.basename(r["run_dir"]))
     if len(settings) == 1:
         lines.append(f"Decoded with {next(iter(settings))}.")
     elif settings:  # runs decoded differently: their cells are not like for like

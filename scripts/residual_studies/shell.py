@@ -18,8 +18,8 @@
   checkpoint-langs CKPT         the source and target language a checkpoint's task was trained with ("SRC TGT";
                                empty when it does not say, e.g. a multilingual task)
   checkpoint-fits-run CKPT NAME
-                               refuse (exit status 1, the reason) a checkpoint whose model is of another scheme or
-                               encoder depth than the run directory NAME ({scheme}-{layers}L-seed{seed}) names
+                               refuse (exit status 1, the reason) a checkpoint whose model is of another scheme,
+                               encoder depth or seed than the run directory NAME ({scheme}-{layers}L-seed{seed}) names
   run-settings RUN_DIR OVERRIDE...
                                record the run's training settings (:func:`run_settings`) in RUN_DIR, or refuse
                                (exit status 1, the differences and the fix) when RUN_DIR holds a checkpoint of a
@@ -133,19 +133,24 @@ def checkpoint_langs(path):
 
 def checkpoint_fits_run(path, name):
     """Why the checkpoint ``path`` is not of the run directory ``name`` (``{scheme}-{layers}L-seed{seed}``): its
-    model's residual scheme (a stock fairseq transformer's: post_ln or pre_ln, by ``encoder_normalize_before``)
-    or encoder depth differs from the name's; "" when they agree, or when ``name`` is not a run name."""
+    model's residual scheme (a stock fairseq transformer's: post_ln or pre_ln, by ``encoder_normalize_before``),
+    encoder depth or training seed (``common.seed``) differs from the name's; "" when they agree (what the
+    checkpoint does not record is not compared), or when ``name`` is not a run name."""
     run = parse_run_name(name)
     if run is None:
         return ""
     get = _saved_section(path, "model")
     scheme = get("residual_scheme", None) or ("pre_ln" if get("encoder_normalize_before", False) else "post_ln")
     layers = get("encoder_layers", None)
-    if scheme == run["scheme"] and (layers is None or int(layers) == run["layers"]):
+    seed = _saved_section(path, "common")("seed", None)
+    if scheme == run["scheme"] and (layers is None or int(layers) == run["layers"]) and (
+            seed is None or int(seed) == run["seed"]):
         return ""
-    return (f"{path} holds a {scheme} model with {layers} encoder layers, but the run directory {name} is "
-            f"{run['scheme']} with {run['layers']}: its results would be filed under the wrong run; pass the "
-            f"--run-dir that checkpoint was trained in, or a checkpoint of this run")
+    held = f"a {scheme} model" + (f" with {layers} encoder layers" if layers is not None else "") + (
+        f", seed {seed}" if seed is not None else "")
+    return (f"{path} holds {held}, but the run directory {name} is {run['scheme']} with {run['layers']} layers, "
+            f"seed {run['seed']}: its results would be filed under the wrong run; pass the --run-dir that checkpoint "
+            f"was trained in, or a checkpoint of this run")
 
 
 #: the Hydra keys that define what a run trains (a prefix ending in '.' takes a group, one ending in '=' one key):
