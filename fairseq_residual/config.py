@@ -62,7 +62,7 @@ def typed_training_keys(argv=None) -> frozenset:
         typed = (re.match(r"\+{0,2}model\.(\w+)=", a) for a in argv)
         return frozenset(m.group(1) for m in typed if m and m.group(1) in dests.values())
     if running_tool() == "fairseq-train":
-        return frozenset(dests[flag] for flag in typed_residual_options(argv))
+        return frozenset(dests[a.split("=")[0]] for a in argv if a.split("=")[0] in dests)
     return frozenset()
 
 

@@ -303,11 +303,12 @@ def norm_options(args, typed=frozenset()) -> NormOptions:
     given = [o.flag for o in NORM_OPTIONS if o.dest in OPTION_NORM and OPTION_NORM[o.dest] != kind
              and (o.dest in typed or values[o.dest] is not None and values[o.dest] != o.default)]
     if given:
-        keys = {f: "model." + f[2:].replace("-", "_") for f in given}
-        owners = sorted({OPTION_NORM[keys[f][len("model."):]] for f in given})
+        dests = {f: f[2:].replace("-", "_") for f in given}
+        owners = sorted({OPTION_NORM[d] for d in dests.values()})
         raise OptionError(
-            f"{', '.join(f'{f} ({keys[f]})' for f in given)} {'is an option' if len(given) == 1 else 'are options'} "
-            f"of --norm {' / '.join(owners)} (model.norm={' / '.join(owners)}), but the norm is {kind}: " + (
-                f"drop {' '.join(keys.values())} or use model.norm={owners[0]}"
+            f"{', '.join(f'{f} (model.{d})' for f, d in dests.items())} "
+            f"{'is an option' if len(given) == 1 else 'are options'} of --norm {' / '.join(owners)} "
+            f"(model.norm={' / '.join(owners)}), but the norm is {kind}: " + (
+                f"drop {' '.join('model.' + d for d in dests.values())} or use model.norm={owners[0]}"
                 if in_hydra_train() else f"drop {' '.join(given)} or use --norm {owners[0]}"))
     return NormOptions(kind=kind, **values)
