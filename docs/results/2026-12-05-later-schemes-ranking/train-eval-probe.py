@@ -1,6 +1,7 @@
 """One valid batch through a trained checkpoint in eval mode (dropout off, as fairseq validates) and in train mode
-(dropout on, seeded): the label-smoothed criterion's nll in bits per target token, each. A large gap says the model
-computes another function without dropout than the one it was trained as.
+(dropout on, seeded): the label-smoothed criterion's nll in bits per target token, and the mean entropy of the
+predicted distributions (bits), each. A large gap says the model computes another function without dropout than
+the one it was trained as.
 
     PYTHONPATH=<checkout> python train-eval-probe.py CHECKPOINT DATA_BIN [MAX_TOKENS]
 
@@ -28,5 +29,9 @@ for mode in ("eval", "train"):
     torch.manual_seed(0)
     with torch.no_grad():
         _, _, log = criterion(model, batch)
-    print(f"{mode}: nll {float(log['nll_loss']) / log['ntokens'] / math.log(2):.3f} bits per target token "
-          f"({log['ntokens']} tokens)")
+        torch.manual_seed(0)  # the same dropout masks for the distributions
+        lprobs = model.get_normalized_probs(model(**batch["net_input"]), log_probs=True).float()
+    real = batch["target"].ne(task.target_dictionary.pad())
+    entropy = -(lprobs.exp() * lprobs).sum(-1)[real].mean() / math.log(2)
+    print(f"{mode}: nll {float(log['nll_loss']) / log['ntokens'] / math.log(2):.3f} bits per target token, predicted "
+          f"entropy {float(entropy):.3f} bits ({log['ntokens']} tokens)")
