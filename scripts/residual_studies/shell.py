@@ -109,24 +109,28 @@ def eval_meta(bench, run_dir, name, ckpt, average_log, subset, beam, lenpen, a, 
     })
 
 
-def _saved_section(path, section):
-    """A getter ``get(key, default)`` of a checkpoint's saved ``cfg.<section>`` (``task``, ``model``), or of its
-    legacy ``args``. Loads with ``mmap``: the tensors are not read."""
+def _saved_sections(path, *sections):
+    """A getter ``get(key, default)`` per name of ``sections``: the checkpoint's saved ``cfg.<section>`` (``task``,
+    ``model``, ``common``), or its legacy ``args``. Loads the file once, with ``mmap``: the tensors are not read."""
     import torch
 
     import fairseq_residual  # noqa: F401  (the safe loader's allow-list of fairseq's checkpoint types)
 
     state = torch.load(path, map_location="cpu", mmap=True)
     cfg = state.get("cfg")
-    part = cfg.get(section) if isinstance(cfg, dict) else getattr(cfg, section, None) if cfg is not None else None
-    part = part if part is not None else state.get("args")
-    return part.get if isinstance(part, dict) else (lambda key, default=None: getattr(part, key, default))
+
+    def getter(section):
+        part = cfg.get(section) if isinstance(cfg, dict) else getattr(cfg, section, None) if cfg is not None else None
+        part = part if part is not None else state.get("args")
+        return part.get if isinstance(part, dict) else (lambda key, default=None: getattr(part, key, default))
+
+    return [getter(section) for section in sections]
 
 
 def checkpoint_langs(path):
     """``"SRC TGT"`` of the checkpoint's translation task (its saved ``cfg.task``, or the legacy ``args``), "" when
     it names none."""
-    get = _saved_section(path, "task")
+    get, = _saved_sections(path, "task")
     src, tgt = get("source_lang", None), get("target_lang", None)
     return f"{src} {tgt}" if src and tgt else ""
 
@@ -139,10 +143,10 @@ def checkpoint_fits_run(path, name):
     run = parse_run_name(name)
     if run is None:
         return ""
-    get = _saved_section(path, "model")
+    get, common = _saved_sections(path, "model", "common")
     scheme = get("residual_scheme", None) or ("pre_ln" if get("encoder_normalize_before", False) else "post_ln")
     layers = get("encoder_layers", None)
-    seed = _saved_section(path, "common")("seed", None)
+    seed = common("seed", None)
     if scheme == run["scheme"] and (layers is None or int(layers) == run["layers"]) and (
             seed is None or int(seed) == run["seed"]):
         return ""
