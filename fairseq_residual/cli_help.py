@@ -122,8 +122,8 @@ def did_you_mean(message: str, parser) -> str:
         if not typed:
             return ""
         if typed[0] in _plugin_model_options():
-            if not _lists_model_options(parser) and running_tool() != \
-                    "fairseq-validate":  # a tool that loads a checkpoint (fairseq-validate: --arch makes it apply)
+            if not _lists_model_options(parser) and "--arch" not in long_options(parser):
+                # a tool that loads a checkpoint (fairseq-generate, -interactive, -validate: none takes --arch)
                 key = typed[0][2:].replace("-", "_")
                 if typed[0] in ("--residual-scheme", "--norm"):  # the weights are of the checkpoint's own
                     return (f" ({typed[0]} is a model option: this tool builds the model with the {key} the "

@@ -126,6 +126,9 @@ def test_argparse_errors_are_one_line_with_the_closest_option(monkeypatch, capsy
     err = error_of("fairseq-generate", ["bin", "--user-dir", USER_DIR, "--hc-streams", "4"])
     assert ("(--hc-streams is a model option: this tool reads the model's settings from the checkpoint; change one "
             "with --model-overrides \"{'hc_streams': ...}\")") in err
+    err = error_of("fairseq-validate", ["bin", "--user-dir", USER_DIR, "--task", "translation", "--hc-streams", "4"],
+                   options.get_validation_parser)  # no --arch in fairseq-validate either: not the presets' advice
+    assert "change one with --model-overrides \"{'hc_streams': ...}\")" in err and "--arch" not in err, err
     err = error_of("fairseq-generate", ["bin", "--user-dir", USER_DIR, "--residual-scheme", "mhc"])
     assert err.endswith("(--residual-scheme is a model option: this tool builds the model with the residual_scheme "
                         "the checkpoint was trained with, whose weights are that residual_scheme's; drop it); "
