@@ -132,6 +132,14 @@ def _one_line(message: str) -> str:
     return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
+def _model_overrides_unreadable() -> bool:
+    """Whether this command line has a ``--model-overrides`` whose text is no Python dict literal (so that a
+    SyntaxError or NameError of other code, a ``--user-dir`` module's say, is not blamed on a valid one)."""
+    from .checkpoint_safety import typed_model_overrides
+
+    return any(a.startswith("--model-overrides") for a in sys.argv) and typed_model_overrides() is None
+
+
 def _stock_message(exc: BaseException):
     """The one-line report for a stock fairseq failure whose own message is cryptic, or None: ``KeyError: None`` at
     ``TASK_REGISTRY[args.task]`` in ``fairseq/options.py`` (``fairseq-validate`` has no default ``--task``); a bare
@@ -155,8 +163,7 @@ def _stock_message(exc: BaseException):
         return ("no --arch given (or one no model registers): add --arch residual_transformer, or one of its "
                 "presets (fairseq-train --user-dir fairseq_residual --help lists them)")
     from_cli = any(d == "fairseq_cli" for d, _, _ in frames)
-    if from_cli and type(exc) in (ValueError, SyntaxError, NameError) and any(
-            a.startswith("--model-overrides") for a in sys.argv) and (
+    if from_cli and type(exc) in (ValueError, SyntaxError, NameError) and _model_overrides_unreadable() and (
             type(exc) is not ValueError or str(exc).startswith("malformed node or string")):
         detail = "" if type(exc) is ValueError else f" ({type(exc).__name__}: {exc})"
         return (f"--model-overrides is not a Python dict literal{detail}: quote its keys and string values, the "

@@ -734,3 +734,24 @@ def test_fairseq_validate_without_a_task_is_named(monkeypatch):
     with pytest.raises(KeyError) as elsewhere:
         {}[None]
     assert user_errors.user_message(elsewhere.value) is None
+
+
+def test_an_unreadable_model_overrides_is_named_and_a_readable_one_never_blamed(monkeypatch):
+    """A SyntaxError or NameError under fairseq's command-line code is reported as an unreadable
+    ``--model-overrides`` only when the text typed after it is no Python dict literal: with a valid one the same
+    errors (a broken ``--user-dir`` module's, say) keep their traceback."""
+    from fairseq_residual import user_errors
+
+    def raised_under_fairseq_cli(source):
+        try:
+            exec(compile(source, "/site-packages/fairseq_cli/generate.py", "exec"), {})
+        except (NameError, SyntaxError) as exc:
+            return exc
+        raise AssertionError("nothing raised")
+
+    for source in ("undefined_name", "exec('def broken(:')"):
+        monkeypatch.setattr(sys, "argv", ["fairseq-generate", "bin", "--model-overrides", "{dropout: 0.1}"])
+        assert user_errors.user_message(raised_under_fairseq_cli(source)).startswith(
+            "--model-overrides is not a Python dict literal ("), source
+        monkeypatch.setattr(sys, "argv", ["fairseq-generate", "bin", "--model-overrides", "{'dropout': 0.1}"])
+        assert user_errors.user_message(raised_under_fairseq_cli(source)) is None, source
