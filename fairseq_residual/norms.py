@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from .schemes.base import Option, OptionError
-from .user_errors import SettingError, UserInputError, in_hydra_train
+from .user_errors import SettingError, UserInputError, advice_for_this_tool, in_hydra_train
 
 #: the values of ``--norm``, the default first
 NORMS = ("layernorm", "rmsnorm", "dyt", "derf")
@@ -305,10 +305,13 @@ def norm_options(args, typed=frozenset()) -> NormOptions:
     if given:
         dests = {f: f[2:].replace("-", "_") for f in given}
         owners = sorted({OPTION_NORM[d] for d in dests.values()})
+        them = "it" if len(given) == 1 else "them"
+        loading = (f"if --model-overrides sets norm or {them}, drop {them} there; the checkpoint's weights are "
+                   f"those of the norm it was trained with, which it names")
+        training = (f"drop {' '.join('model.' + d for d in dests.values())} or use model.norm={owners[0]}"
+                    if in_hydra_train() else f"drop {' '.join(given)} or use --norm {owners[0]}")
         raise OptionError(
             f"{', '.join(f'{f} (model.{d})' for f, d in dests.items())} "
             f"{'is an option' if len(given) == 1 else 'are options'} of --norm {' / '.join(owners)} "
-            f"(model.norm={' / '.join(owners)}), but the norm is {kind}: " + (
-                f"drop {' '.join('model.' + d for d in dests.values())} or use model.norm={owners[0]}"
-                if in_hydra_train() else f"drop {' '.join(given)} or use --norm {owners[0]}"))
+            f"(model.norm={' / '.join(owners)}), but the norm is {kind}: {advice_for_this_tool(loading, training)}")
     return NormOptions(kind=kind, **values)

@@ -291,7 +291,7 @@ def test_a_training_checkpoint_of_another_norm_is_not_resumed():
 
 @pytest.mark.parametrize("flags, message", [
     (["--norm", "rmsnorm", "--dyt-alpha", 0.8], r"--dyt-alpha \(model.dyt_alpha\) is an option of --norm dyt \(model.norm=dyt\), but the norm is "
-     r"rmsnorm: drop --dyt-alpha or use --norm dyt$"),
+     r"rmsnorm: .*fairseq-train: drop --dyt-alpha or use --norm dyt$"),  # outside the tools: both tools' fixes
     (["--norm", "dyt", "--derf-shift", 0.5], r"--derf-shift \(model.derf_shift\) is an option of --norm derf \(model.norm=derf\), but the norm is dyt"),
     (["--norm", "dyt", "--dyt-alpha", 0], r"--dyt-alpha \(model.dyt_alpha\) must be in \(0, 100\]"),
     (["--norm", "dyt", "--dyt-ffn-alpha", math.nan], r"--dyt-ffn-alpha \(model.dyt_ffn_alpha\) must be in"),

@@ -411,12 +411,18 @@ def test_only_the_typed_model_overrides_are_checked():
      "that scheme's)",
      "--encoder-normalize-before asks for Pre-LN but --residual-scheme is post_ln: the scheme decides where "
      "LayerNorm goes; drop --encoder-normalize-before or use --residual-scheme pre_ln"),
-], ids=["scheme-option", "normalize-before"])
+    (["--residual-scheme", "pre_ln", "--norm", "layernorm", "--dyt-alpha", 0.8],  # a DyT checkpoint, norm overridden
+     "--dyt-alpha (model.dyt_alpha) is an option of --norm dyt (model.norm=dyt), but the norm is layernorm: if "
+     "--model-overrides sets norm or it, drop it there; the checkpoint's weights are those of the norm it was "
+     "trained with, which it names",
+     "--dyt-alpha (model.dyt_alpha) is an option of --norm dyt (model.norm=dyt), but the norm is layernorm: drop "
+     "--dyt-alpha or use --norm dyt"),
+], ids=["scheme-option", "normalize-before", "norm-option"])
 def test_a_saved_setting_meeting_an_overridden_scheme_names_the_fix_of_each_tool(monkeypatch, saved, loading,
                                                                                   training):
-    """fairseq-generate on a checkpoint with --model-overrides "{'residual_scheme': ...}": a setting the checkpoint
-    saved with its own scheme (a scheme option, or the encoder_normalize_before its scheme set, never typed) meets
-    the overridden scheme; the error gives the loading fix alone (there is no flag to drop in fairseq-generate),
+    """fairseq-generate on a checkpoint with --model-overrides "{'residual_scheme': ...}" (or norm): a setting the
+    checkpoint saved with its own scheme or norm (a scheme's or norm's option, or the encoder_normalize_before its
+    scheme set, never typed) meets the overridden one; the error gives the loading fix alone (there is no flag to drop in fairseq-generate),
     fairseq-train the training fix alone (its options come from its command line, never from a checkpoint)."""
     from fairseq_residual.user_errors import UserInputError
 
