@@ -35,6 +35,7 @@ Only the names inside ``fairseq.checkpoint_utils`` are replaced; nothing else of
 """
 import glob
 import logging
+import math
 import os
 import pickle
 import re
@@ -355,14 +356,13 @@ def load_checkpoint(cfg, trainer, **passthrough_args):
     """:func:`resume_from_this_run`, then, when the checkpoint loaded is already at ``--max-update``, the end of
     the run: stock fairseq trains one more update before it checks the limit, and saves it over
     ``checkpoint_last.pt`` / ``checkpoint_best.pt``, so running a finished command again changed its result. An
-    info line says so and the process exits with status 0, nothing trained or saved (``--max-update 0``, no
-    limit, and ``--reset-optimizer``, which restarts the count, are fairseq's).
+    info line says so and fairseq-train's epoch loop does not start: nothing trained or saved, and the tool
+    returns as after training (``--max-update 0``, no limit, and ``--reset-optimizer``, which restarts the
+    count, are fairseq's). Returning, not exiting, lets the next job of a ``fairseq-hydra-train -m`` sweep (or a
+    launcher that waits for its function's result) run.
 
     Returns:
-        fairseq's ``(extra_state, epoch_itr)``.
-
-    Raises:
-        SystemExit: status 0, when the run is already at ``--max-update``.
+        fairseq's ``(extra_state, epoch_itr)``; for a finished run the iterator is a :class:`FinishedEpochs`.
     """
     result = resume_from_this_run(cfg, trainer, **passthrough_args)
     max_update = getattr(getattr(getattr(trainer, "cfg", None), "optimization", None), "max_update", 0) or 0
@@ -371,8 +371,22 @@ def load_checkpoint(cfg, trainer, **passthrough_args):
         logger.info(f"the checkpoint loaded is at update {done}, --max-update {max_update} "
                     f"(optimization.max_update): this training is done; nothing trained or saved (raise "
                     f"--max-update to train on)")
-        raise SystemExit(0)
+        return result[0], FinishedEpochs(result[1])
     return result
+
+
+class FinishedEpochs:
+    """fairseq's epoch iterator of a finished run, which fairseq-train's loop (``fairseq_cli/train.py``: ``while
+    epoch_itr.next_epoch_idx <= max_epoch``) never enters: its ``next_epoch_idx`` is NaN, which compares below
+    nothing, also when ``--max-epoch`` is unset (infinite). Every other attribute is the iterator's."""
+
+    next_epoch_idx = math.nan
+
+    def __init__(self, epoch_itr):
+        self._epoch_itr = epoch_itr
+
+    def __getattr__(self, name):
+        return getattr(self._epoch_itr, name)
 
 
 def resume_from_this_run(cfg, trainer, **passthrough_args):

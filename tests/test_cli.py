@@ -225,6 +225,7 @@ def test_a_model_trained_pruned_translates_and_resumes(tiny_data_bin, tmp_path, 
     before = (save / "checkpoint_last.pt").read_bytes()
     log = train(data_bin, save, *flags, max_update=3)
     assert "the checkpoint loaded is at update 3, --max-update 3 (optimization.max_update): this training is done" in log
+    assert re.search(r"done training in [\d.]+ seconds", log)  # fairseq-train's main returned, no process exit
     assert (save / "checkpoint_last.pt").read_bytes() == before
 
     whole = tmp_path / "whole"
