@@ -49,7 +49,7 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-from .user_errors import MissingFileError, SettingError, UserInputError
+from .user_errors import MissingFileError, SettingError, UserInputError, in_hydra_train
 
 logger = logging.getLogger(__name__)
 
@@ -243,14 +243,25 @@ def _misfit(saved: dict, model) -> Optional[str]:
     return "another model: " + "; ".join(named[:3]) + (" ..." if len(named) > 3 else "")
 
 
+#: model settings that shape no tensor of the model: never the reason a checkpoint does not load, so never named
+#: among the settings to resume with
+_SHAPELESS = re.compile(r".*(dropout|layerdrop|quant_noise.*|checkpoint_activations|offload_activations|"
+                        r"min_params_to_wrap|tpu)$")
+
+
 def settings_differ(path: str, trainer, limit: int = 6):
-    """The model settings (keys of :meth:`ResidualTransformerModel.known_model_keys`) in which the checkpoint
-    ``path`` was trained otherwise than ``trainer``'s run, as ``(key, theirs, this run's)``, at most ``limit``
-    (layers and widths first); ``[]`` when the file cannot be read or saved no model settings."""
+    """The model settings (keys of :meth:`ResidualTransformerModel.known_model_keys`, less those that shape no
+    tensor, such as dropout) in which the checkpoint ``path`` was trained otherwise than ``trainer``'s run, as
+    ``(key, theirs, this run's)``, at most ``limit`` (layers and widths first); ``[]`` when the file cannot be
+    read with the safe loader (``torch.load(weights_only=True)``, fairseq's types allow-listed) or saved no model
+    settings."""
     from .model import ResidualTransformerModel
 
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        except (OSError, RuntimeError, ValueError):  # e.g. a file system without mmap: read it whole
+            state = torch.load(path, map_location="cpu", weights_only=True)
         saved = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
     except Exception:  # noqa: BLE001 - only an explanation is lost: the refusal itself stands
         return []
@@ -264,9 +275,31 @@ def settings_differ(path: str, trainer, limit: int = 6):
     found = []
     for key in keys:
         theirs, ours = getattr(saved, key, missing), getattr(mine, key, missing)
-        if theirs is not missing and ours is not missing and theirs != ours and not key.startswith("_"):
+        if (theirs is not missing and ours is not missing and theirs != ours and not key.startswith("_")
+                and not _SHAPELESS.fullmatch(key)):
             found.append((key, theirs, ours))
     return found[:limit]
+
+
+def resume_settings(differ) -> str:
+    """The settings of :func:`settings_differ`'s ``(key, theirs, this run's)`` as the user types them: for
+    fairseq-train ``--key value``, ``--flag`` for a true switch and ``without --flag`` for a false or unset one;
+    under fairseq-hydra-train ``model.key=value`` (``true`` / ``false`` / ``null``)."""
+    words = []
+    for key, theirs, _ in differ:
+        if in_hydra_train():
+            value = ("null" if theirs is None else str(theirs).lower() if isinstance(theirs, bool)
+                     else ",".join(map(str, theirs)) if isinstance(theirs, (list, tuple)) else theirs)
+            words.append(f"model.{key}={value}")
+            continue
+        flag = "--" + key.replace("_", "-")
+        if theirs is True:
+            words.append(flag)
+        elif theirs is False or theirs is None:
+            words.append(f"without {flag}")
+        else:
+            words.append(f"{flag} {','.join(map(str, theirs)) if isinstance(theirs, (list, tuple)) else theirs}")
+    return " ".join(words)
 
 
 def trained_scheme(model_state: dict) -> Optional[str]:
@@ -429,7 +462,7 @@ def resume_from_this_run(cfg, trainer, **passthrough_args):
         differ = [] if scheme and "residual scheme" in foreign.problem else settings_differ(last, trainer)
         settings = (f"--residual-scheme {scheme} (model.residual_scheme={scheme})"
                     if scheme and "residual scheme" in foreign.problem
-                    else " ".join(f"--{k.replace('_', '-')} {v}" for k, v, _ in differ) + " as it was trained"
+                    else resume_settings(differ) + " as it was trained"
                     if differ else "the settings it was trained with")
         problem = foreign.problem if not differ else (
             "it was trained with " + ", ".join(f"{k} {v} (this run: {mine})" for k, v, mine in differ))

@@ -406,6 +406,38 @@ def test_a_save_dir_of_other_sizes_names_the_settings(foreign_checkpoints, tiny_
                      r"--save-dir", message), message
 
 
+def test_the_settings_to_resume_with_are_typed_as_each_tool_takes_them(tmp_path, monkeypatch):
+    """The refusal's "Resume with ..." lists the settings that shape tensors (dropout never keeps a checkpoint
+    from loading), read with the safe loader, as the running tool takes them: switches as the flag alone or
+    'without' it, an unset list as 'without'; under fairseq-hydra-train as model.key=value."""
+    import argparse
+    import types
+
+    import torch
+
+    from fairseq_residual import checkpoint_safety, user_errors
+
+    saved = argparse.Namespace(encoder_layers=2, dropout=0.3, share_all_embeddings=True, encoder_layers_to_keep=None,
+                               no_scale_embedding=False, decoder_layers=3)
+    mine = argparse.Namespace(encoder_layers=4, dropout=0.1, share_all_embeddings=False, encoder_layers_to_keep="1",
+                              no_scale_embedding=True, decoder_layers=3)
+    path = tmp_path / "checkpoint_last.pt"
+    torch.save({"cfg": {"model": saved}, "model": {}}, path)
+    trainer = types.SimpleNamespace(cfg=types.SimpleNamespace(model=mine))
+    differ = checkpoint_safety.settings_differ(str(path), trainer)
+    assert differ == [("encoder_layers", 2, 4), ("encoder_layers_to_keep", None, "1"),
+                      ("no_scale_embedding", False, True), ("share_all_embeddings", True, False)]
+    assert checkpoint_safety.resume_settings(differ) == (
+        "--encoder-layers 2 without --encoder-layers-to-keep without --no-scale-embedding --share-all-embeddings")
+    monkeypatch.setattr(user_errors, "in_hydra_train", lambda: True)
+    monkeypatch.setattr(checkpoint_safety, "in_hydra_train", lambda: True)
+    assert checkpoint_safety.resume_settings(differ) == (
+        "model.encoder_layers=2 model.encoder_layers_to_keep=null model.no_scale_embedding=false "
+        "model.share_all_embeddings=true")
+    (tmp_path / "unsafe.pt").write_bytes(b"not a checkpoint")
+    assert checkpoint_safety.settings_differ(str(tmp_path / "unsafe.pt"), trainer) == []
+
+
 def test_an_explicit_restore_file_of_another_scheme_ends_on_one_line(foreign_checkpoints, tiny_data_bin, tmp_path):
     """fairseq-train --restore-file <a checkpoint of another scheme> is fairseq's own load, which wraps the plugin's
     refusal in its bare 'Cannot load model parameters' Exception: the tool still ends on one line, the plugin's
