@@ -227,7 +227,7 @@ if [[ -d "$CKPT" ]]; then
 fi
 [[ -f "$CKPT" ]] || die "checkpoint $CKPT not found (did training finish? see $RUN_DIR/train.log)"
 if (( AVERAGE == 0 )) && [[ $CHECKPOINT != best && $CHECKPOINT != last ]]; then  # a file from elsewhere
-    why="$(tools checkpoint-fits-run "$CKPT" "$(basename "$RUN_DIR")" 2>&1)" || die "$why"
+    why="$(tools checkpoint-fits-run "$CKPT" "$(basename "$RUN_DIR")" 2>&1)" || die "${why##*$'\n'}"  # its last line
 fi
 if [[ $BENCHMARK != opus100 ]]; then  # a model of the other direction would translate the wrong way
     TRAINED="$(tools checkpoint-langs "$CKPT")" || die "cannot read $CKPT"

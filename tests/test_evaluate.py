@@ -112,6 +112,11 @@ def test_evaluate_iwslt14_tokenized_bleu(trained_run):
                                      "pre_ln-2L-seed1 is pre_ln with 2 layers, seed 1") in proc.stdout, proc.stdout[-3000:]
     proc = run_script([EVALUATE, *iwslt, "--run-dir", run_dir, "--checkpoint", run_dir], check=False, timeout=300)
     assert proc.returncode != 0 and "is a folder: give a checkpoint file in it (checkpoint" in proc.stdout
+    junk = run_dir.parent / "junk.pt"
+    junk.write_text("not a checkpoint")
+    proc = run_script([EVALUATE, *iwslt, "--run-dir", run_dir, "--checkpoint", junk], check=False, timeout=300)
+    assert proc.returncode != 0 and f"cannot read the checkpoint {junk} (UnpicklingError: " in proc.stdout
+    assert "Traceback" not in proc.stdout, proc.stdout[-3000:]
     out = run_dir.parent / "beam1" / "result.json"
     run_script([EVALUATE, *iwslt, "--run-dir", run_dir, "--checkpoint", "last", "--beam", "1", "--out", out],
                timeout=300)
@@ -479,6 +484,18 @@ def test_a_checkpoint_is_checked_against_the_run_directory_it_is_evaluated_for(t
     assert checkpoint_fits_run(str(stock), "post_ln-6L-seed1").startswith(f"{stock} holds a pre_ln model with 6 "
                                                                           "encoder layers, but the run directory")
     assert checkpoint_fits_run(str(plugin), "my-run") == ""
+    # a file that is no checkpoint, or a truncated one: one line through the tool, not torch's traceback
+    from residual_studies.shell import main
+
+    (tmp_path / "text.pt").write_text("not a checkpoint")
+    (tmp_path / "truncated.pt").write_bytes(plugin.read_bytes()[:200])
+    for name, reason in (("text.pt", "UnpicklingError: no file torch.save wrote"),
+                         ("truncated.pt", "RuntimeError: PytorchStreamReader failed reading zip archive")):
+        for command in ("checkpoint-fits-run", "checkpoint-langs"):
+            with pytest.raises(SystemExit) as exit_:
+                main([command, str(tmp_path / name), "resi_dual-6L-seed2"][:3 if command.endswith("run") else 2])
+            assert str(exit_.value).startswith(f"cannot read the checkpoint {tmp_path / name} ({reason}"), exit_.value
+            assert "\n" not in str(exit_.value)
 
 
 def test_collect_results_names_runs_decoded_differently(tmp_path, capsys):

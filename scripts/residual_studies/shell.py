@@ -111,12 +111,29 @@ def eval_meta(bench, run_dir, name, ckpt, average_log, subset, beam, lenpen, a, 
 
 def _saved_sections(path, *sections):
     """A getter ``get(key, default)`` per name of ``sections``: the checkpoint's saved ``cfg.<section>`` (``task``,
-    ``model``, ``common``), or its legacy ``args``. Loads the file once, with ``mmap``: the tensors are not read."""
+    ``model``, ``common``), or its legacy ``args``. Loads the file once, with ``mmap`` where its format allows
+    (the tensors are not read), else whole.
+
+    Raises:
+        ValueError: the file is no checkpoint torch can read (truncated, another format), in one line."""
     import torch
 
     import fairseq_residual  # noqa: F401  (the safe loader's allow-list of fairseq's checkpoint types)
 
-    state = torch.load(path, map_location="cpu", mmap=True)
+    try:
+        try:
+            state = torch.load(path, map_location="cpu", mmap=True)
+        except RuntimeError:  # a legacy (non-zip) checkpoint, which mmap cannot read
+            state = torch.load(path, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 - whatever torch says, one line for the shell scripts
+        reason = (str(exc).strip().splitlines() or [""])[0].split(". ")[0][:200]
+        if "weights only load failed" in reason.lower():  # torch's advice to unpickle anything does not apply
+            reason = "no file torch.save wrote"
+        raise ValueError(f"cannot read the checkpoint {path} ({type(exc).__name__}: {reason}): is it a "
+                         f"complete fairseq checkpoint?") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"cannot read the checkpoint {path}: it holds no fairseq checkpoint (a "
+                         f"{type(state).__name__})")
     cfg = state.get("cfg")
 
     def getter(section):
@@ -238,9 +255,15 @@ def main(argv=None):
     elif cmd == "eval-meta" and len(args) in (11, 13):
         print(eval_meta(*args))
     elif cmd == "checkpoint-langs" and len(args) == 1:
-        print(checkpoint_langs(args[0]))
+        try:
+            print(checkpoint_langs(args[0]))
+        except ValueError as e:
+            sys.exit(str(e))
     elif cmd == "checkpoint-fits-run" and len(args) == 2:
-        why = checkpoint_fits_run(*args)
+        try:
+            why = checkpoint_fits_run(*args)
+        except ValueError as e:
+            why = str(e)
         if why:
             sys.exit(why)
     elif cmd == "run-settings" and args:
