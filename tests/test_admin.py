@@ -427,11 +427,12 @@ def test_profile_exporter_names_a_folder_given_as_checkpoint_or_out(tmp_path, ca
     assert admin_profile.main([str(tmp_path), str(tmp_path / "profile.ratio.init")]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: CHECKPOINT {tmp_path} is a folder, not a checkpoint") and "checkpoint_last.pt" in err
-    for out in (tmp_path, tmp_path / "missing" / "profile.ratio.init"):
+    for out, message in ((tmp_path, f"is a folder: name the profile file to write, e.g. {tmp_path}/profile.ratio.init"),
+                         (tmp_path / "missing" / "profile.ratio.init",
+                          f"is in a folder that does not exist, {tmp_path}/missing: create it (mkdir -p ")):
         assert admin_profile.main([str(ckpt), str(out)]) == 1
         err = capsys.readouterr().err
-        assert err.startswith(f"error: OUT {out} is a folder, or in a folder that does not exist: name the profile "
-                              "file to write"), err
+        assert err.startswith(f"error: OUT {out} {message}"), err
 
 
 def test_profile_exporter_help_exits_0_and_a_usage_error_exits_2(capsys):

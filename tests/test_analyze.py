@@ -525,7 +525,10 @@ def test_bad_input_messages(trained, data, tmp_path, capsys):
          ["was trained de->en, but --source-lang/--target-lang ask for en->de: drop them",
           "or pass --source-lang de --target-lang en"]),
         ([data, "--device", "nodevice"] + fresh, ["--device nodevice: not a torch device"]),
-    ] + ([] if torch.cuda.is_available() else [
+        ([data, "--device", "meta"] + fresh, ["--device meta: this tool runs on cpu or cuda only"]),
+    ] + ([([data, "--device", f"cuda:{torch.cuda.device_count()}"] + fresh,
+           [f"CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}: use one of them"])]
+         if torch.cuda.is_available() else [
         ([data, "--device", "cuda"] + fresh, ["--device cuda: this torch has no CUDA device", "use --device cpu"])])
     (tmp_path / "result.json").write_text('{"cell": "x"}\n')
     torch.save({"w": torch.zeros(2)}, tmp_path / "weights.pt")

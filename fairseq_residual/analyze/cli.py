@@ -114,9 +114,15 @@ def run(args, extra=(), argv=None):
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError as exc:
         raise AnalyzeError(f"--device {args.device}: not a torch device ({exc}): use cpu, cuda or cuda:N")
+    if device.type not in ("cpu", "cuda"):
+        raise AnalyzeError(f"--device {args.device}: this tool runs on cpu or cuda only: use --device cpu, cuda or "
+                           f"cuda:N, or leave --device out")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise AnalyzeError(f"--device {args.device}: this torch has no CUDA device (torch.cuda.is_available() is "
                            f"False): use --device cpu, or leave --device out")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise AnalyzeError(f"--device {args.device}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                           f"cuda:0 to cuda:{torch.cuda.device_count() - 1}: use one of them")
     # a checkpoint's task reads its own direction from DATA (either file naming): only languages the user typed
     # can ask for another
     typed_langs = (src, tgt) if args.source_lang or args.target_lang else None

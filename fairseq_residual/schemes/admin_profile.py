@@ -125,9 +125,13 @@ def export_profile(checkpoint: str, out: str) -> None:
 
     if os.path.isdir(checkpoint):
         raise SettingError(folder_message(checkpoint, "CHECKPOINT"))
-    if os.path.isdir(out) or not os.path.isdir(os.path.dirname(os.path.abspath(out))):
-        raise SettingError(f"OUT {out} is a folder, or in a folder that does not exist: name the profile file to "
-                           f"write, e.g. {os.path.join(out if os.path.isdir(out) else '.', 'profile.ratio.init')}")
+    if os.path.isdir(out):
+        raise SettingError(f"OUT {out} is a folder: name the profile file to write, e.g. "
+                           f"{os.path.join(out, 'profile.ratio.init')}")
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise SettingError(f"OUT {out} is in a folder that does not exist, {parent}: create it (mkdir -p {parent}) "
+                           f"or name a file in an existing folder")
     check_not_truncated(checkpoint, "export the profile from a complete checkpoint of the run")
 
     from .admin import SCHEME  # the scheme's module imports this one
