@@ -243,6 +243,19 @@ def _misfit(saved: dict, model) -> Optional[str]:
     return "another model: " + "; ".join(named[:3]) + (" ..." if len(named) > 3 else "")
 
 
+def read_checkpoint_structure(path: str):
+    """``torch.load`` of a checkpoint with the safe loader (``weights_only=True``, fairseq's types allow-listed),
+    memory-mapped so that only its pickled structure is parsed and its tensors are not read; read whole where
+    mmap fails (a file system without it, a legacy non-zip file).
+
+    Raises:
+        whatever ``torch.load`` raises for a file it cannot read (missing, truncated, not a checkpoint)."""
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except (OSError, RuntimeError, ValueError):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 #: model settings that shape no tensor of the model: never the reason a checkpoint does not load, so never named
 #: among the settings to resume with
 _SHAPELESS = re.compile(r".*(dropout|layerdrop|quant_noise.*|checkpoint_activations|offload_activations|"
@@ -258,10 +271,7 @@ def settings_differ(path: str, trainer, limit: int = 6):
     from .model import ResidualTransformerModel
 
     try:
-        try:
-            state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-        except (OSError, RuntimeError, ValueError):  # e.g. a file system without mmap: read it whole
-            state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_checkpoint_structure(path)
         saved = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
     except Exception:  # noqa: BLE001 - only an explanation is lost: the refusal itself stands
         return []
@@ -337,10 +347,7 @@ def inspect_checkpoint(path: str, model=None, need_optimizer_state: bool = True,
                                "(checkpoint_last, checkpoint_best, checkpointE, checkpoint_E_U, checkpoint.best_*); "
                                "e.g. an averaged checkpoint, which is for decoding only", by_name=True)
     try:
-        try:
-            state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-        except (OSError, RuntimeError, ValueError):  # e.g. a file system without mmap: read it whole
-            state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_checkpoint_structure(path)
     except Exception as exc:  # unreadable for the safe loader: fairseq's load would fail on it too
         reason = (str(exc).strip().splitlines() or [""])[0][:200]
         return ResumeCandidate(path, None, mtime, f"it cannot be read ({type(exc).__name__}: {reason})")

@@ -116,15 +116,10 @@ def _saved_sections(path, *sections):
 
     Raises:
         ValueError: the file is no checkpoint torch can read (truncated, another format), in one line."""
-    import torch
-
-    import fairseq_residual  # noqa: F401  (the safe loader's allow-list of fairseq's checkpoint types)
+    from fairseq_residual.checkpoint_safety import read_checkpoint_structure
 
     try:
-        try:
-            state = torch.load(path, map_location="cpu", mmap=True)
-        except RuntimeError:  # a legacy (non-zip) checkpoint, which mmap cannot read
-            state = torch.load(path, map_location="cpu")
+        state = read_checkpoint_structure(path)
     except Exception as exc:  # noqa: BLE001 - whatever torch says, one line for the shell scripts
         reason = (str(exc).strip().splitlines() or [""])[0].split(". ")[0][:200]
         if "weights only load failed" in reason.lower():  # torch's advice to unpickle anything does not apply
