@@ -145,7 +145,7 @@ def _stock_message(exc: BaseException):
     ``TASK_REGISTRY[args.task]`` in ``fairseq/options.py`` (``fairseq-validate`` has no default ``--task``); a bare
     ``RuntimeError()`` there (no ``--arch``); a ``--model-overrides`` that is no Python dict literal (fairseq's
     tools evaluate it: ``ValueError: malformed node or string``, or fairseq-validate's ``eval``: ``NameError``);
-    fairseq-validate's ``AssertionError`` without ``--max-tokens`` or ``--batch-size``."""
+    the ``AssertionError`` of fairseq-train or fairseq-validate without ``--max-tokens`` or ``--batch-size``."""
     frames = []
     tb = exc.__traceback__
     while tb is not None:
@@ -170,7 +170,8 @@ def _stock_message(exc: BaseException):
                 f"whole in double quotes for the shell: --model-overrides \"{{'data': '/path/to/bin', 'dropout': "
                 f"0.1}}\"")
     if type(exc) is AssertionError and str(exc).startswith("Must specify batch size") and from_cli:
-        return "no batch size given: add --max-tokens 4096 (or --batch-size N), as fairseq-validate has no default"
+        return (f"no batch size given: add --max-tokens 4096 (or --batch-size N), as "
+                f"{running_tool() or 'this fairseq tool'} has no default")
     return None
 
 

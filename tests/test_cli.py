@@ -257,8 +257,11 @@ def test_a_model_trained_pruned_translates_and_resumes(tiny_data_bin, tmp_path, 
     assert re.search(r"valid on 'valid' subset \| loss", fairseq_main(*validate, "--model-overrides", "{'dropout': 0.1}"))
     with pytest.raises(AssertionError) as raised:  # no --max-tokens / --batch-size: fairseq's bare assertion
         fairseq_main(*[a for a in validate if a not in ("--max-tokens", 600)])
-    assert user_message(raised.value.__cause__) == ("no batch size given: add --max-tokens 4096 (or --batch-size N), "
-                                                    "as fairseq-validate has no default")
+    for tool in ("fairseq-validate", "fairseq-train"):  # fairseq-train asserts it too: each names itself
+        monkeypatch.setattr(sys, "argv", [f"/venv/bin/{tool}"])
+        assert user_message(raised.value.__cause__) == ("no batch size given: add --max-tokens 4096 (or --batch-size "
+                                                        f"N), as {tool} has no default")
+    monkeypatch.undo()
     with pytest.raises(AssertionError, match=r"--model-overrides 'dropuot' \(did you mean 'dropout'\?\)"):
         fairseq_main(*validate, "--model-overrides", "{'dropuot': 0.1}")
     with pytest.raises(AssertionError, match=r"checkpoint holds 1 encoder layers: a --model-overrides of encoder_layers or encoder_layers_to_keep"):
