@@ -111,6 +111,30 @@ def _lists_model_options(parser) -> bool:
     return any(isinstance(a, ModelHelpAction) for a in parser._actions)
 
 
+def _owners_not_chosen(flag: str) -> list:
+    """``--lr-scheduler inverse_sqrt_nowarmup`` for ``--decay-period``: the components of fairseq's registries
+    (criterion, optimizer, learning-rate scheduler, tokenizer, BPE, scoring; tasks) whose dataclass declares the
+    option ``flag``, at most four, sorted; ``[]`` when none does. argparse adds only the chosen component's options,
+    so one of another component is "unrecognized", and the closest option name would point elsewhere."""
+    import dataclasses
+
+    from fairseq.registry import REGISTRIES
+    from fairseq.tasks import TASK_DATACLASS_REGISTRY
+
+    key = flag[2:].replace("-", "_")
+    kinds = {name: r["dataclass_registry"] for name, r in REGISTRIES.items()}
+    kinds["task"] = TASK_DATACLASS_REGISTRY
+    owners = sorted(f"--{kind.replace('_', '-')} {name}" for kind, registry in kinds.items()
+                    for name, dc in registry.items()
+                    if dataclasses.is_dataclass(dc) and any(f.name == key for f in dataclasses.fields(dc)))
+    return owners[:4] + (["others"] if len(owners) > 4 else [])
+
+
+def _join_or(items) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
 def did_you_mean(message: str, parser) -> str:
     """`` (did you mean X?)`` for argparse's error ``message`` about ``parser``'s command line: the closest
     option to the first unrecognized ``--option`` (compared without the dashes), or the closest choice to an
@@ -131,6 +155,9 @@ def did_you_mean(message: str, parser) -> str:
                 return (f" ({typed[0]} is a model option: this tool reads the model's settings from the checkpoint; "
                         f"change one with --model-overrides \"{{'{key}': ...}}\")")
             return f" ({typed[0]} is an option of the {MODEL_NAME} presets: --arch {MODEL_NAME} or another of them)"
+        owners = _owners_not_chosen(typed[0])
+        if owners:
+            return f" ({typed[0]} is an option of {_join_or(owners)}, not of the one this command line chose)"
         close = closest(typed[0][2:], [o[2:] for o in long_options(parser)])
         return f" (did you mean --{close}?)" if close else ""
     choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)

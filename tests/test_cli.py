@@ -118,6 +118,10 @@ def test_argparse_errors_are_one_line_with_the_closest_option(monkeypatch, capsy
     err = error_of("fairseq-train", ["bin", "--user-dir", USER_DIR, "--arch", "transformer", "--hc-streams", "4"],
                    options.get_training_parser)
     assert "--hc-streams 4 (--hc-streams is an option of the residual_transformer presets: --arch " in err
+    err = error_of("fairseq-train", ["bin", "--user-dir", USER_DIR, "--arch", "residual_transformer_tiny",
+                                     "--decay-period", "4000"], options.get_training_parser)  # T-Fixup's scheduler's
+    assert ("--decay-period 4000 (--decay-period is an option of --lr-scheduler inverse_sqrt_nowarmup, not of the one "
+            "this command line chose)") in err and "did you mean" not in err, err
     err = error_of("fairseq-train", ["bin", "--user-dir", USER_DIR, "--arch", "zzz"], options.get_training_parser)
     assert "invalid choice: 'zzz' (choose from 'transformer_tiny', " in err  # nothing close: the whole list
     err = error_of("fairseq-train", ["bin", "--user-dir", USER_DIR, "--arch", "residual_transformer_tiny",
