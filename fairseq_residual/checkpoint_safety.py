@@ -49,7 +49,7 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-from .user_errors import MissingFileError, SettingError, UserInputError, in_hydra_train
+from .user_errors import MissingFileError, SettingError, UserInputError, in_hydra_sweep, in_hydra_train
 
 logger = logging.getLogger(__name__)
 
@@ -473,10 +473,14 @@ def resume_from_this_run(cfg, trainer, **passthrough_args):
                     if differ else "the settings it was trained with")
         problem = foreign.problem if not differ else (
             "it was trained with " + ", ".join(f"{k} {v} (this run: {mine})" for k, v, mine in differ))
+        sweep = (" In a sweep (fairseq-hydra-train -m), give each job its own folder by interpolating the keys it "
+                 "varies, e.g. 'checkpoint.save_dir=/path/to/sweep/${model.residual_scheme}'"
+                 if in_hydra_sweep() else "")
         raise ForeignCheckpointError(
             f"{last} is not a checkpoint of this run's model: {problem}; {cfg.save_dir} holds no "
             f"checkpoint of this run to resume from. Resume with {settings}, or point --save-dir "
-            f"(checkpoint.save_dir) elsewhere to train this model from scratch (nothing was loaded or overwritten)"
+            f"(checkpoint.save_dir) elsewhere to train this model from scratch (nothing was loaded or overwritten)."
+            f"{sweep}"
         )
     for c in rejected:
         if chosen is None and os.path.abspath(c.path) == os.path.abspath(last):

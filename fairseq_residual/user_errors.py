@@ -219,6 +219,18 @@ def in_hydra_train() -> bool:
     return _program(sys.argv[0] if sys.argv else "").startswith("fairseq-hydra-train")
 
 
+def in_hydra_sweep() -> bool:
+    """Whether this process runs a job of a Hydra multirun (``fairseq-hydra-train -m``): its jobs share every
+    setting the sweep does not vary, a ``checkpoint.save_dir`` too unless it interpolates a swept key."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    except Exception:  # noqa: BLE001 - no Hydra, or a Hydra without run modes: not a sweep
+        return False
+
+
 def advice_for_this_tool(loading: str, training: str) -> str:
     """The fix a message gives: ``loading`` in fairseq's loading tools (:data:`LOADING_TOOLS`), ``training`` in
     fairseq-train (and fairseq-hydra-train, whose name Hydra keeps from :func:`tool_name`), both, each named,

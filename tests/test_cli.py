@@ -377,6 +377,19 @@ def test_hydra_train_applies_preset_and_generates(tiny_data_bin, tmp_path):
     assert "encoder.layer_norm.weight" in sd
     gen = translate(data_bin, save / "checkpoint_last.pt")
     assert len([x for x in gen.splitlines() if x.startswith("H-")]) == sum(1 for _ in open(raw / "test.src"))
+    # a sweep: each job in its own folder by interpolation; the same sweep again ends every finished job and goes
+    # on to the next (a finished job used to exit the process, which ended the sweep); jobs sharing one folder:
+    # the job of other sizes is refused, and told how a sweep separates its jobs
+    sweep = [hydra[0], "-m", *hydra[1:], f"hydra.sweep.dir={tmp_path / 'sweep'}", "model.encoder_layers=1,2",
+             "optimization.max_update=1"]
+    apart = f"checkpoint.save_dir={tmp_path}/sweep-${{model.encoder_layers}}"
+    run_cli([*sweep, apart])
+    again = run_cli([*sweep, apart]).stdout
+    assert again.count("this training is done; nothing trained or saved") == 2, again[-3000:]
+    shared = run_cli([*sweep, f"checkpoint.save_dir={tmp_path}/sweep-1"], check=False)
+    assert shared.returncode != 0 and "this training is done" in shared.stdout
+    assert ("In a sweep (fairseq-hydra-train -m), give each job its own folder by interpolating the keys it varies, "
+            "e.g. 'checkpoint.save_dir=/path/to/sweep/${model.residual_scheme}'") in shared.stdout, shared.stdout[-3000:]
 
 
 def test_activation_checkpointing_trains_resi_dual(tiny_data_bin, tmp_path, monkeypatch):
