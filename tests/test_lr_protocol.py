@@ -475,7 +475,8 @@ def test_a_tiny_real_protocol_run(tmp_path, corpus_head, monkeypatch):
 
 def test_a_cells_cost_counts_the_updates_its_recorded_process_trained(tmp_path):
     """A segment killed and run again records the CPU time of the process that finished it, which trained from
-    where fairseq resumed (its log's "Loaded checkpoint ... @ 250 updates"), not from the segment's start."""
+    where fairseq resumed (its log's "Loaded checkpoint ... @ 250 updates"), not from the segment's start; a
+    "Loaded checkpoint" line of an earlier process in the same log does not count for a later one."""
     run_dir = tmp_path / "cell"
     run_dir.mkdir()
     (run_dir / "train_state.json").write_text(json.dumps({"segments": [
@@ -486,6 +487,13 @@ def test_a_cells_cost_counts_the_updates_its_recorded_process_trained(tmp_path):
         "2026 | INFO | fairseq.trainer | Loaded checkpoint /x/checkpoint_last.pt (epoch 3 @ 250 updates)\n")
     result = _result("pre_ln", "warm12", 2, 6.0)
     assert ranking.training_cost(str(run_dir), result) == (600.0, 750)
+    log = (run_dir / "train-u1000.log").read_text()
+    for starts, trained in (("$ fairseq-train a\n", 750), ("$ fairseq-train a\n$ fairseq-train b\n", 1000)):
+        # each process the study starts writes its command line first: the one that finished the segment after
+        # the resumed one started from scratch (its checkpoint gone) trained all 1,000 updates
+        (run_dir / "train-u1000.log").write_text(starts[:starts.index("\n") + 1] + log + starts[starts.index("\n") + 1:]
+                                                 + "2026 | INFO | fairseq_cli.train | No existing checkpoint found\n")
+        assert ranking.training_cost(str(run_dir), result) == (600.0, trained), starts
     os.remove(run_dir / "train-u1000.log")  # an archive: its cost.json
     (run_dir / "cost.json").write_text(json.dumps({"train_cpu_s": 600.0, "trained_updates": 750}))
     assert ranking.training_cost(str(run_dir), result) == (600.0, 750)

@@ -45,6 +45,16 @@ CURVE_PLATEAU_FROM = 2000
 BASELINE = "pre_ln"
 #: fairseq's line when it resumes a run from a checkpoint
 LOADED = re.compile(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)")
+#: the line ``runner.run_logged`` writes into a segment's log before each fairseq process it starts
+PROCESS_START = re.compile(r"^\$ ", re.M)
+
+
+def _last_process(log_text: str) -> str:
+    """What the last fairseq process wrote into a segment's log (which keeps the killed processes' output
+    before it): where that process resumed from is its own "Loaded checkpoint" line, not an earlier one's (a
+    process that started from scratch, its checkpoint gone, loads nothing)."""
+    starts = [m.start() for m in PROCESS_START.finditer(log_text)]
+    return log_text[starts[-1]:] if starts else log_text
 
 
 def rank(results, condition, lr_by_row=None):
@@ -356,7 +366,7 @@ def training_cost(run_dir, result):
 
     Per segment of its ``train_state.json``: the CPU-seconds of the fairseq process that finished it and the
     updates that process trained (to the cell's ``reached`` where it stopped early), counted from where its log
-    says fairseq resumed (a study killed in the middle
+    says that last process resumed (a study killed in the middle
     of a segment runs it again; fairseq resumes from the segment's last checkpoint, and the killed process's CPU
     time is not recorded), else from the segment's start. Where the logs are not kept (an archive), the
     ``cost.json`` the archive wrote; else the result's own totals."""
@@ -366,7 +376,7 @@ def training_cost(run_dir, result):
         cpu = trained = 0
         for g, path in zip(segments, logs):
             with open(path, encoding="utf-8", errors="replace") as f:
-                loaded = LOADED.findall(f.read())
+                loaded = LOADED.findall(_last_process(f.read()))
             start = max(g["start"], int(loaded[-1])) if loaded else g["start"]
             end = min(g["updates"], result.get("reached") or g["updates"])  # a run that stopped early: its last
             cpu, trained = cpu + (g.get("train_cpu_s") or 0), trained + max(end - start, 0)
