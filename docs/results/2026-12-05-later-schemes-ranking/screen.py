@@ -26,6 +26,10 @@ import os
 import sys
 
 MARGIN = 0.1  # bits; the plan's screen (about 1.4 sd of the difference of two single cells)
+#: "more than MARGIN": fairseq logs valid nll to 3 decimals, so a difference of exactly 0.100 occurs, and in
+#: binary floating point 5.482 - 5.382 is 0.09999999999999964 while 5.382 + 0.1 is 5.481999999999999; the
+#: differences are compared, with this much slack, far below the logs' 0.0005
+EPS = 1e-9
 PLAN_PRE_LN_NLL = 5.382  # Pre-LN's seed-2 cell as the plan names it (pre_ln-L12-w64-6dd91afe)
 RANKING_PRE_LN_CPU_S = 1363.5  # 3,000 updates at the 3-seed ranking's Pre-LN CPU-s per update
 
@@ -33,7 +37,9 @@ RANKING_PRE_LN_CPU_S = 1363.5  # 3,000 updates at the 3-seed ranking's Pre-LN CP
 def at_cpu_seconds(row, cpu_s):
     """(valid nll, is an upper bound) on ``row``'s curve after ``cpu_s`` training CPU-seconds, or (None, False)
     before its first validation: the report's reading (``ranking.equal_compute``) at other CPU-seconds."""
-    curve = sorted((int(u), v) for u, v in row["equal_compute"]["curve"].items())
+    curve = sorted((int(u), v) for u, v in (row["equal_compute"].get("curve") or {}).items())
+    if not curve or not row.get("cpu_per_update"):  # no validation, or no measured cost: not read
+        return None, False
     updates = cpu_s / row["cpu_per_update"]
     if updates >= curve[-1][0]:
         return curve[-1][1], updates > curve[-1][0]
@@ -45,7 +51,8 @@ def at_cpu_seconds(row, cpu_s):
 
 def screen(report):
     """[(label, lr, nll, diff, equal-compute reading, its diff, the ranking's reading, verdict)] for every row of
-    ``report`` but Pre-LN's, in the report's order, and Pre-LN's (nll, CPU-seconds)."""
+    the study (``report["chosen_lr"]``, its selection's rows) but Pre-LN's, those with a final cell in the
+    report's order, then the others, and Pre-LN's (nll, CPU-seconds)."""
     rows = {r["row"]: r for r in report["rows"]}
     pre = rows["pre_ln"]
     pre_nll = pre["valid_nll"][0]
@@ -53,9 +60,15 @@ def screen(report):
         sys.exit(f"Pre-LN's valid nll in this report is {pre_nll}, not the plan's {PLAN_PRE_LN_NLL}: another cell?")
     pre_cpu_s = pre["cpu_per_update"] * pre["equal_compute"]["updates"]
     table = []
-    for name, row in rows.items():
+    for name in [*rows, *(n for n in report.get("chosen_lr", {}) if n not in rows)]:
         if name == "pre_ln":
             continue
+        if name not in rows:  # no final cell in the report
+            lr = report["chosen_lr"][name]
+            table.append((name, lr, None, None, None, None, None, "pending: no final cell yet" if lr is not None
+                          else "no rate: selection pending, or every rate diverged or failed (see the selection)"))
+            continue
+        row = rows[name]
         if row["diverged"] or row["failed"] or row["broken"]:  # no valid nll: named so, not ranked (the plan's
             # rule says nothing of such a cell; this is the ranking plan's "a diverged run never wins")
             table.append((row["label"], row.get("lr"), None, None, None, None, None,
@@ -66,11 +79,11 @@ def screen(report):
             continue
         nll = row["valid_nll"][0]
         # the report's own equal-compute reading, at this study's Pre-LN CPU-seconds
-        ec, ec_bound = row["equal_compute"]["nll"][0], row["equal_compute"]["bound"]
+        ec, ec_bound = (row["equal_compute"].get("nll") or [None])[0], row["equal_compute"].get("bound", False)
         ranking_ec, ranking_bound = at_cpu_seconds(row, RANKING_PRE_LN_CPU_S)
-        if nll < pre_nll - MARGIN or (ec is not None and ec < pre_nll - MARGIN):
+        if nll - pre_nll < -MARGIN - EPS or (ec is not None and ec - pre_nll < -MARGIN - EPS):
             verdict = "candidate"
-        elif nll > pre_nll + MARGIN:
+        elif nll - pre_nll > MARGIN + EPS:
             verdict = "behind"
         else:
             verdict = "level"
