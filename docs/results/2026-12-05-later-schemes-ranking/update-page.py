@@ -4,7 +4,8 @@
 
 Reads ``ranking.md`` beside this script (the report the study's ``--report-only --archive`` step writes) and rewrites,
 in ``../2026-12-05-later-schemes-ranking.md``, the counts and CPU-hours of the bold status line (this run's cells:
-the report's less Pre-LN's reused ones, 3 selection cells, 1 final cell and 0.91 CPU-hours) and the table between
+the report's less Pre-LN's reused ones, 3 selection cells, 1 final cell and 0.91 CPU-hours; the report's projection of
+the measured rows' final cells) and the table between
 ``<!-- selection -->`` and ``<!-- /selection -->``. The prose under the table is the author's, not touched. Prints
 what it wrote.
 """
@@ -24,13 +25,17 @@ SELECTION_CELLS, FINAL_CELLS = 30, 10
 
 def main():
     report = open(os.path.join(HERE, "ranking.md"), encoding="utf-8").read()
-    progress = re.search(r"Selection cells finished: (\d+) of \d+;.*?final cells finished: (\d+) .*?CPU-hours spent "
-                         r"on finished cells \(training and translation\): ([\d.]+)", report)
+    progress = re.search(r"Selection cells finished: (\d+) of \d+; rows with a chosen rate: (\d+) of \d+; final cells "
+                         r"finished: (\d+) .*?CPU-hours spent on finished cells \(training and translation\): ([\d.]+); "
+                         r"the final cells of the rows measured so far, projected from each row's measured cost per "
+                         r"update: ([\d.]+) CPU-hours", report)
     if not progress:
         sys.exit("ranking.md has no progress line: regenerate it with the report command of the page's 'Commands'")
     selection = int(progress.group(1)) - REUSED_SELECTION
-    final = int(progress.group(2)) - REUSED_FINAL
-    total = float(progress.group(3))
+    measured = int(progress.group(2)) - 1  # rows with a chosen rate, less Pre-LN
+    final = int(progress.group(3)) - REUSED_FINAL
+    total = float(progress.group(4))
+    projected = float(progress.group(5))
     spent = total - REUSED_CPU_HOURS
     table = re.search(r"\| row \| selected at \|.*?\n(?=\n)", report, re.S)
     if not table:
@@ -43,9 +48,11 @@ def main():
     left = f"{max(PLANNED[0] - spent, 0):.1f}-{max(PLANNED[1] - spent, 0):.1f}"
     page, n = re.subn(
         r"CPU-hours on this run's finished cells: [\d.]+ \(the archived report's total, [\d.]+, includes Pre-LN's "
-        r"reused cells'\n?\s*[\d.]+\); about [\d.]+-[\d.]+ left",
-        f"CPU-hours on this run's finished cells: {spent:.2f} (the archived report's total, {total:.2f}, includes "
-        f"Pre-LN's reused cells'\n{REUSED_CPU_HOURS}); about {left} left", page)
+        r"reused cells'\n?\s*[\d.]+\); about [\d.]+-[\d.]+ left(.*?)report projects [\d.]+ CPU-hours for the "
+        r"final cells of the \d+ later rows",
+        lambda m: f"CPU-hours on this run's finished cells: {spent:.2f} (the archived report's total, {total:.2f}, "
+                  f"includes Pre-LN's reused cells'\n{REUSED_CPU_HOURS}); about {left} left{m.group(1)}report projects "
+                  f"{projected} CPU-hours for the final cells of the {measured} later rows", page, flags=re.S)
     assert n == 1, "the page's CPU-hours sentence is not where this script expects it"
     page, n = re.subn(r"<!-- selection -->\n.*?<!-- /selection -->",
                       lambda _: f"<!-- selection -->\n{table.group(0)}<!-- /selection -->", page, flags=re.S)
