@@ -625,6 +625,11 @@ def test_the_training_nll_column_averages_the_seeds_that_trained(tmp_path):
     assert found["pre_ln"]["train_text"] == "4.100 ± 0.141 (n = 2)"
     assert found["rezero"]["train_text"] == "4.500"
     assert found["admin"]["train_nll"] == (None, None, 0) and found["admin"]["train_text"] == "-"
+    # the equal-compute reading averages the same seeds: none for a row whose every seed diverged
+    assert found["rezero"]["nll"][2] == 1 and found["pre_ln"]["nll"][2] == 3
+    assert found["admin"]["nll"] is None and not found["admin"]["trained"]
+    assert ranking._equal({"equal_compute": found["admin"]}) == "- (no seed trained)"
+    assert ranking._equal({"equal_compute": found["rezero"]}) == "5.000 at 3000 updates"
 
 
 def test_the_lowest_point_of_a_curve_and_its_rise_after():

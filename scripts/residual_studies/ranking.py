@@ -247,6 +247,8 @@ def _equal(e, key=None):
     q = e.get("equal_compute")
     if key and q:
         q = q.get(key)
+    if q and q.get("trained") is False:  # every seed diverged or failed: a broken run's curve is not read
+        return "- (no seed trained)"
     if not q or q["updates"] is None:  # no Pre-LN cell to measure C yet (or no idle ratio for the row)
         return "-"
     if q["text"] is None:
@@ -414,9 +416,10 @@ def _at(curve, updates):
 
 def _read_at(curves, total, rate, budget):
     """The seeds' curves read at ``total`` CPU-seconds for a row costing ``rate`` CPU-s per update (at most
-    ``budget`` updates): ``{"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound"}``."""
-    entry = dict(cpu_per_update=rate, updates=None, nll=None, text=None, bound=False)
-    if total and rate:
+    ``budget`` updates): ``{"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound", "trained"}``;
+    ``trained`` False where no curve was given (no seed trained: nothing is read)."""
+    entry = dict(cpu_per_update=rate, updates=None, nll=None, text=None, bound=False, trained=bool(curves))
+    if total and rate and curves:
         updates = total / rate
         entry["bound"] = updates > budget
         entry["updates"] = min(updates, budget)
@@ -443,8 +446,10 @@ def equal_compute(out, results, budget, idle=None):
             load the cells ran under.
 
     Returns:
-        ``{row: {"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound", "plateau", "lowest",
-        "curve", "train_nll": (mean, sd, n), "train_text", "machines"[, "idle"]}}``; curve: ``{updates: valid
+        ``{row: {"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound", "trained", "plateau",
+        "lowest", "curve", "train_nll": (mean, sd, n), "train_text", "machines"[, "idle"]}}``; nll: over the seeds
+        that did not diverge or fail, as the ranking's valid nll (``trained`` False and no reading where every
+        seed diverged or failed); curve: ``{updates: valid
         nll}``, the mean over the seeds that did not diverge or fail (over all where none did) at the validations
         they share; lowest: :func:`lowest_point` of the curve; train_nll: the training nll of the seeds that did
         not diverge or fail over the validation interval ending at ``budget`` (:func:`cell_curves`; n = 0
@@ -464,9 +469,10 @@ def equal_compute(out, results, budget, idle=None):
     for row, mine in cells.items():
         both = {r["cell"]: cell_curves(os.path.join(out, "cells", r["cell"])) for r in mine if r.get("cell")}
         read = [(r["status"] == "ok", [tuple(p) for p in both[r["cell"]][0]]) for r in mine if r.get("cell")]
-        curves = [c for _, c in read if c]
+        # read at equal compute: the seeds that trained, those the ranking's valid nll averages (none: no reading)
+        curves = [c for ok, c in read if ok and c]
         # the seed-mean curve of the seeds that trained (those the ranking's valid nll averages), else of all
-        by_update = [dict(c) for ok, c in read if ok and c] or [dict(c) for c in curves]
+        by_update = [dict(c) for c in curves] or [dict(c) for _, c in read if c]
         common = sorted(set.intersection(*(set(d) for d in by_update))) if by_update else []
         mean_curve = {u: mean_sd([d[u] for d in by_update])[0] for u in common}
         # the training nll of the seeds the valid nll averages (those that trained); none for a row without one
