@@ -256,6 +256,16 @@ def read_checkpoint_structure(path: str):
         return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def unreadable_reason(exc: BaseException) -> str:
+    """Why :func:`read_checkpoint_structure` failed, in one line: ``"<exception type>: <the first sentence of its
+    message>"`` (at most 200 characters), torch's weights-only advice (to unpickle with ``weights_only=False``,
+    which does not apply to a file torch.save never wrote) replaced by what it means here."""
+    reason = (str(exc).strip().splitlines() or [""])[0].split(". ")[0][:200]
+    if "weights only load failed" in reason.lower():
+        reason = "no file torch.save wrote"
+    return f"{type(exc).__name__}: {reason}"
+
+
 #: model settings that shape no tensor of the model: never the reason a checkpoint does not load, so never named
 #: among the settings to resume with
 _SHAPELESS = re.compile(r".*(dropout|layerdrop|quant_noise.*|checkpoint_activations|offload_activations|"
@@ -349,8 +359,7 @@ def inspect_checkpoint(path: str, model=None, need_optimizer_state: bool = True,
     try:
         state = read_checkpoint_structure(path)
     except Exception as exc:  # unreadable for the safe loader: fairseq's load would fail on it too
-        reason = (str(exc).strip().splitlines() or [""])[0][:200]
-        return ResumeCandidate(path, None, mtime, f"it cannot be read ({type(exc).__name__}: {reason})")
+        return ResumeCandidate(path, None, mtime, f"it cannot be read ({unreadable_reason(exc)})")
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         return ResumeCandidate(path, None, mtime, "it holds no fairseq model state")
     try:

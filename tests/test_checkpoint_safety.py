@@ -292,6 +292,20 @@ def test_only_fairseq_training_names_are_resume_candidates():
     assert ok("checkpoint_last-shard0.pt", "-shard0") and not ok("checkpoint_last.pt", "-shard0")
 
 
+def test_an_unreadable_checkpoint_is_rejected_with_torchs_reason_in_one_line(tmp_path):
+    """Resuming and the shell scripts name the same one-line reason: torch's exception and its first sentence,
+    its advice to unpickle with weights_only=False (which does not apply) replaced."""
+    from fairseq_residual.checkpoint_safety import inspect_checkpoint
+
+    text = tmp_path / "checkpoint_last.pt"
+    text.write_text("not a checkpoint\nsecond line\n")
+    assert inspect_checkpoint(str(text)).problem == "it cannot be read (UnpicklingError: no file torch.save wrote)"
+    empty = tmp_path / "checkpoint_1_2.pt"
+    empty.write_bytes(b"")
+    problem = inspect_checkpoint(str(empty)).problem
+    assert problem.startswith("it cannot be read (") and "\n" not in problem and ". " not in problem, problem
+
+
 def test_fit_check_compares_schemes_and_shapes_without_touching_the_model():
     import torch
 

@@ -116,15 +116,12 @@ def _saved_sections(path, *sections):
 
     Raises:
         ValueError: the file is no checkpoint torch can read (truncated, another format), in one line."""
-    from fairseq_residual.checkpoint_safety import read_checkpoint_structure
+    from fairseq_residual.checkpoint_safety import read_checkpoint_structure, unreadable_reason
 
     try:
         state = read_checkpoint_structure(path)
     except Exception as exc:  # noqa: BLE001 - whatever torch says, one line for the shell scripts
-        reason = (str(exc).strip().splitlines() or [""])[0].split(". ")[0][:200]
-        if "weights only load failed" in reason.lower():  # torch's advice to unpickle anything does not apply
-            reason = "no file torch.save wrote"
-        raise ValueError(f"cannot read the checkpoint {path} ({type(exc).__name__}: {reason}): is it a "
+        raise ValueError(f"cannot read the checkpoint {path} ({unreadable_reason(exc)}): is it a "
                          f"complete fairseq checkpoint?") from None
     if not isinstance(state, dict):
         raise ValueError(f"cannot read the checkpoint {path}: it holds no fairseq checkpoint (a "
