@@ -168,6 +168,21 @@ class ResidualTransformerModel(TransformerModel):
             cls._known_keys = frozenset(keys)
         return cls._known_keys
 
+    @staticmethod
+    def checked_options(args):
+        """The validated residual options of a fairseq-train Namespace (:func:`~fairseq_residual.config.residual_options`,
+        the options typed on this command line counted as given): fills the residual defaults and writes fairseq's
+        ``--*-layers-to-keep`` lists as the comma-separated strings its legacy build splits, in ``args``.
+
+        Raises:
+            ValueError: what :func:`~fairseq_residual.config.residual_options` raises."""
+        residual_defaults(args)
+        for stack in ("encoder", "decoder"):  # fairseq-train parses these as lists, its legacy build splits strings
+            keep = getattr(args, f"{stack}_layers_to_keep", None)
+            if isinstance(keep, (list, tuple)):
+                setattr(args, f"{stack}_layers_to_keep", ",".join(str(i) for i in keep))
+        return residual_options(args, typed_training_keys())
+
     @classmethod
     def build_model(cls, args, task):
         """Build the model from an argparse Namespace (fairseq-train) or DictConfig (hydra).
@@ -183,12 +198,7 @@ class ResidualTransformerModel(TransformerModel):
         if in_hydra_train() and not isinstance(args, argparse.Namespace):  # a config's keys must all count
             check_model_keys(args, cls.known_model_keys())
         args = as_namespace(args)
-        residual_defaults(args)
-        for stack in ("encoder", "decoder"):  # fairseq-train parses these as lists, its legacy build splits strings
-            keep = getattr(args, f"{stack}_layers_to_keep", None)
-            if isinstance(keep, (list, tuple)):
-                setattr(args, f"{stack}_layers_to_keep", ",".join(str(i) for i in keep))
-        options = residual_options(args, typed_training_keys())  # validated once per build (the stacks reuse it)
+        options = cls.checked_options(args)  # validated once per build (the stacks reuse it)
         scheme = options.scheme
         # The scheme decides LayerNorm placement: fairseq's normalize_before for Pre-LN-type schemes.
         args.encoder_normalize_before = args.decoder_normalize_before = scheme.normalize_before

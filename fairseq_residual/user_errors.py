@@ -18,7 +18,9 @@ which prints the message alone after its ``Error executing job with overrides: [
 Hydra ``CompactHydraException``s; in full with ``HYDRA_FULL_ERROR=1``); fairseq's trainer's wrapping of a
 checkpoint's error and a spawned worker's error reach Hydra as other exceptions and keep its traceback.
 """
+import contextlib
 import importlib
+import io
 import os
 import re
 import sys
@@ -170,8 +172,33 @@ def _stock_message(exc: BaseException):
                 f"whole in double quotes for the shell: --model-overrides \"{{'data': '/path/to/bin', 'dropout': "
                 f"0.1}}\"")
     if type(exc) is AssertionError and str(exc).startswith("Must specify batch size") and from_cli:
+        other = _model_option_refusal() if running_tool() == "fairseq-train" else None
         return (f"no batch size given: add --max-tokens 4096 (or --batch-size N), as "
-                f"{running_tool() or 'this fairseq tool'} has no default")
+                f"{running_tool() or 'this fairseq tool'} has no default"
+                + (f"; the model options will be refused next: {other}" if other else ""))
+    return None
+
+
+def _model_option_refusal():
+    """What building this fairseq-train command line's ``residual_transformer`` model would refuse (an option of
+    another scheme, an out-of-range value: :func:`~fairseq_residual.config.residual_options`' message), or None
+    (nothing, another model, or a command line that does not parse). fairseq-train asserts its batch size before
+    it builds the model, so without this a user meets the two errors one after the other."""
+    try:
+        from fairseq import options
+        from fairseq.models import ARCH_MODEL_REGISTRY
+
+        from .model import ResidualTransformerModel
+
+        with contextlib.redirect_stderr(io.StringIO()):  # a parse error here is not this report's to print
+            args = options.parse_args_and_arch(options.get_training_parser(), input_args=sys.argv[1:])
+        if not issubclass(ARCH_MODEL_REGISTRY.get(args.arch, object), ResidualTransformerModel):
+            return None
+        ResidualTransformerModel.checked_options(args)
+    except ValueError as refusal:
+        return _one_line(str(refusal))
+    except BaseException:  # noqa: BLE001 - argparse's SystemExit, anything else: the batch size is the news
+        return None
     return None
 
 

@@ -266,6 +266,20 @@ def test_a_model_trained_pruned_translates_and_resumes(tiny_data_bin, tmp_path, 
         assert user_message(raised.value.__cause__) == ("no batch size given: add --max-tokens 4096 (or --batch-size "
                                                         f"N), as {tool} has no default")
     monkeypatch.undo()
+    # fairseq-train asserts the batch size before it builds the model: the model options' refusal comes with it
+    refused = ["fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "residual_transformer_tiny",
+             "--residual-scheme", "pre_ln", "--denseformer-period", "2"]
+    with pytest.raises(AssertionError) as raised:
+        fairseq_main(*refused)
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train", *map(str, refused[1:])])
+    assert user_message(raised.value.__cause__) == (
+        "no batch size given: add --max-tokens 4096 (or --batch-size N), as fairseq-train has no default; the model "
+        "options will be refused next: --denseformer-period (model.denseformer_period) is an option of "
+        "--residual-scheme denseformer (model.residual_scheme=denseformer), but the model's scheme is pre_ln: drop "
+        "--denseformer-period or use --residual-scheme denseformer")
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train", *map(str, refused[1:-2])])  # nothing else wrong
+    assert user_message(raised.value.__cause__).endswith("as fairseq-train has no default")
+    monkeypatch.undo()
     with pytest.raises(AssertionError, match=r"--model-overrides 'dropuot' \(did you mean 'dropout'\?\)"):
         fairseq_main(*validate, "--model-overrides", "{'dropuot': 0.1}")
     with pytest.raises(AssertionError, match=r"checkpoint holds 1 encoder layers: a --model-overrides of encoder_layers or encoder_layers_to_keep"):
