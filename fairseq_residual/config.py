@@ -82,11 +82,11 @@ def residual_defaults(args, scheme=DEFAULT_SCHEME):
 def residual_options(args, typed=frozenset()) -> SchemeOptions:
     """Read and validate the residual options of a Namespace / DictConfig filled by ``residual_defaults``.
 
-    Every scheme's options are validated against their declared ranges (an out-of-range value is an
-    error whichever scheme is selected); an option of another scheme than the selected one, set to
-    something else than its default or among the keys ``typed`` (:func:`typed_training_keys`: typed on the
-    training command line, at its default or not), is refused the same way for every scheme, and an option of
-    another ``--norm`` likewise; the stacks must have at
+    An option of another scheme than the selected one, set to something else than its default or among the
+    keys ``typed`` (:func:`typed_training_keys`: typed on the training command line, at its default or not), is
+    refused the same way for every scheme, before any range is checked (its value is moot); then every scheme's
+    options are validated against their declared ranges; an option of another ``--norm`` is refused likewise;
+    the stacks must have at
     least one layer; the selected scheme then checks the fairseq options it cannot honour, and whether it
     runs with the ``--norm`` given (:mod:`fairseq_residual.norms`).
 
@@ -118,9 +118,7 @@ def residual_options(args, typed=frozenset()) -> SchemeOptions:
                     f"0..{n - 1}, comma-separated (fairseq's pruning of a LayerDrop-trained model)"
                 )
         depth[stack] = (n, kept)
-    for scheme in SCHEMES:
-        scheme.validate(args)
-    for scheme in SCHEMES:
+    for scheme in SCHEMES:  # first: a value of another scheme's option is moot, whatever its range
         given = scheme.given_options(args, typed) if scheme is not selected else []
         if given:
             named = [_with_hydra_key(scheme, flag) for flag in given]
@@ -135,6 +133,8 @@ def residual_options(args, typed=frozenset()) -> SchemeOptions:
                         f"model.residual_scheme={scheme.name}" if in_hydra_train() else
                         f"drop {' '.join(given)} or use --residual-scheme {scheme.name}")
             raise OptionError(f"{what}: {advice_for_this_tool(loading, training)}")
+    for scheme in SCHEMES:
+        scheme.validate(args)
     selected.check_args(args)
     norm = norm_options(args, typed)
     refusal = selected.norm_refusal(norm.kind, args)

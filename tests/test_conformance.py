@@ -269,6 +269,15 @@ def test_an_option_of_another_scheme_is_refused_the_same_way(scheme, option):
         build_model("residual_transformer_tiny", "--residual-scheme", other, flag, *([] if value is None else [value]))
 
 
+def test_an_option_of_another_scheme_is_refused_before_its_range_is_checked():
+    """Its value is moot: a user told "must be in [0.01, 1]" would fix the value, only to be told to drop it."""
+    with pytest.raises(ValueError, match=r"^--resi-dual-scale \(model\.resi_dual_scale\) is an option of "
+                                         r"--residual-scheme resi_dual .* is pre_ln"):
+        build_model("residual_transformer_tiny", "--residual-scheme", "pre_ln", "--resi-dual-scale", 2)
+    with pytest.raises(ValueError, match=r"^--resi-dual-scale \(model\.resi_dual_scale\) must be in \[0.01, 1\]"):
+        build_model("residual_transformer_tiny", "--residual-scheme", "resi_dual", "--resi-dual-scale", 2)
+
+
 @pytest.mark.parametrize("scheme", SCHEME_NAMES)
 def test_options_the_scheme_cannot_honour_are_refused(scheme):
     s = get_scheme(scheme)
