@@ -27,7 +27,7 @@ from fairseq import options
 
 from .model import ARCH_NAMES, MODEL_NAME
 from .schemes import SCHEMES, SCHEME_NAMES
-from .user_errors import closest, long_options, running_tool
+from .user_errors import LOADING_TOOLS, closest, long_options, running_tool
 
 _add_model_args = options.add_model_args
 _add_dataset_args = options.add_dataset_args
@@ -146,8 +146,10 @@ def did_you_mean(message: str, parser) -> str:
         if not typed:
             return ""
         if typed[0] in _plugin_model_options():
-            if not _lists_model_options(parser) and "--arch" not in long_options(parser):
-                # a tool that loads a checkpoint (fairseq-generate, -interactive, -validate: none takes --arch)
+            if running_tool() in LOADING_TOOLS or (not _lists_model_options(parser)
+                                                   and "--arch" not in long_options(parser)):
+                # a tool that loads a checkpoint (fairseq-generate's --arch, default wav2vec2, is a workaround of
+                # fairseq_cli/generate.py for audio models: its model comes from the checkpoint too)
                 key = typed[0][2:].replace("-", "_")
                 if typed[0] in ("--residual-scheme", "--norm"):  # the weights are of the checkpoint's own
                     return (f" ({typed[0]} is a model option: this tool builds the model with the {key} the "

@@ -97,7 +97,12 @@ def test_argparse_errors_are_one_line_with_the_closest_option(monkeypatch, capsy
     with nothing close keeps argparse's text alone; other programs keep argparse's usage."""
     from fairseq import options
 
-    def error_of(argv0, args, parser=options.get_generation_parser):
+    def generation_parser():  # as fairseq_cli/generate.py makes it: with an --arch for audio models
+        parser = options.get_generation_parser()
+        parser.add_argument("--arch", "-a", metavar="ARCH", default="wav2vec2")
+        return parser
+
+    def error_of(argv0, args, parser=generation_parser):
         monkeypatch.setattr(sys, "argv", [argv0])
         with pytest.raises(SystemExit) as exit_:
             options.parse_args_and_arch(parser(), args)
