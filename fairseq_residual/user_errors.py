@@ -147,7 +147,15 @@ def _stock_message(exc: BaseException):
     ``TASK_REGISTRY[args.task]`` in ``fairseq/options.py`` (``fairseq-validate`` has no default ``--task``); a bare
     ``RuntimeError()`` there (no ``--arch``); a ``--model-overrides`` that is no Python dict literal (fairseq's
     tools evaluate it: ``ValueError: malformed node or string``, or fairseq-validate's ``eval``: ``NameError``);
-    the ``AssertionError`` of fairseq-train or fairseq-validate without ``--max-tokens`` or ``--batch-size``."""
+    the ``AssertionError`` of fairseq-train or fairseq-validate without ``--max-tokens`` or ``--batch-size``;
+    fairseq-train's non-finite gradients (:func:`_nan_gradients`), whose traceback ends on a ``StopIteration``."""
+    if _nan_gradients(exc):
+        return ("the gradients became NaN or Inf: training diverged (fairseq's NaN detector names above the first "
+                "module whose output was not finite, and crash.pt in the save dir holds the model before that "
+                "step). Lower --lr, add a warm-up (--lr-scheduler inverse_sqrt --warmup-updates 4000), clip "
+                "gradients (--clip-norm 1.0), or use a scheme that trains at this depth (see the README's "
+                "\"Which scheme should I use?\"); with another --lr the same command resumes from "
+                "checkpoint_last.pt, give a fresh --save-dir to start over")
     frames = []
     tb = exc.__traceback__
     while tb is not None:
@@ -177,6 +185,19 @@ def _stock_message(exc: BaseException):
                 f"{running_tool() or 'this fairseq tool'} has no default"
                 + (f"; the model options will be refused next: {other}" if other else ""))
     return None
+
+
+def _nan_gradients(exc: BaseException) -> bool:
+    """Whether fairseq's trainer stopped on non-finite gradients (``FloatingPointError: gradients are Nan/Inf``),
+    as ``exc`` or what it was raised while handling: fairseq re-runs the step under its ``NanDetector`` to log
+    where, and torch's backward hooks can fail there on a module whose output holds no tensor (``StopIteration``),
+    which then ends the process instead."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if type(exc) is FloatingPointError and str(exc).startswith("gradients are Nan/Inf"):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _model_option_refusal():

@@ -146,6 +146,28 @@ def test_argparse_errors_are_one_line_with_the_closest_option(monkeypatch, capsy
     assert err.startswith("usage: ") and "did you mean" not in err
 
 
+def test_a_diverged_run_ends_on_one_line_with_the_fixes(tiny_data_bin, tmp_path, monkeypatch):
+    """fairseq-train stops on non-finite gradients, re-runs the step under its NaN detector, and there torch's
+    backward hook fails on the encoder's dict output: the user gets a StopIteration traceback in stock fairseq,
+    here one line with what happened and the fixes."""
+    from fairseq_residual.user_errors import user_message
+
+    _, data_bin = tiny_data_bin
+    with pytest.raises(AssertionError) as raised:
+        fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "residual_transformer_tiny",
+                     "--residual-scheme", "t_fixup", "--optimizer", "adam", "--lr", "100", "--max-tokens", "500",
+                     "--max-update", "20", "--save-dir", tmp_path / "ckpt", "--num-workers", "0",
+                     "--disable-validation", "--no-save")
+    exc = raised.value.__cause__
+    chain = [type(exc).__name__, type(exc.__context__).__name__ if exc.__context__ else None]
+    assert "FloatingPointError" in chain, chain  # fairseq's own stop, with or without the detector's failure
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train"])
+    message = user_message(exc)
+    assert message.startswith("the gradients became NaN or Inf: training diverged") and "Lower --lr" in message
+    assert "--clip-norm 1.0" in message and "\n" not in message
+    assert user_message(FloatingPointError("Minimum loss scale reached (0.0001)")) is None  # fp16's: not this
+
+
 def test_smoke_train_three_updates_and_translate(tmp_path):
     """The fast lane's end-to-end run: binarise a tiny corpus, train ResiDual (the residual protocol's
     generic loop) 3 updates, translate the test split with beam 5."""
