@@ -226,7 +226,7 @@ if [[ -d "$CKPT" ]]; then
     die "--checkpoint $CKPT is a folder: give a checkpoint file $held, or best / last of --run-dir"
 fi
 [[ -f "$CKPT" ]] || die "checkpoint $CKPT not found (did training finish? see $RUN_DIR/train.log)"
-if (( AVERAGE == 0 )) && [[ $CHECKPOINT != best && $CHECKPOINT != last ]]; then  # a file from elsewhere
+if (( AVERAGE == 0 )); then  # a file from elsewhere, or best / last copied into the run's folder from another run
     why="$(tools checkpoint-fits-run "$CKPT" "$(basename "$RUN_DIR")" 2>&1)" || die "${why##*$'\n'}"  # its last line
 fi
 if [[ $BENCHMARK != opus100 ]]; then  # a model of the other direction would translate the wrong way

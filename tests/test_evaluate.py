@@ -110,6 +110,10 @@ def test_evaluate_iwslt14_tokenized_bleu(trained_run):
                       check=False, timeout=300)
     assert proc.returncode != 0 and ("holds a resi_dual model with 2 encoder layers, seed 1, but the run directory "
                                      "pre_ln-2L-seed1 is pre_ln with 2 layers, seed 1") in proc.stdout, proc.stdout[-3000:]
+    shutil.copy(run_dir / "checkpoint_last.pt", other / "checkpoint_last.pt")  # copied in: its last is not its own
+    proc = run_script([EVALUATE, *iwslt, "--run-dir", other, "--checkpoint", "last"], check=False, timeout=300)
+    assert proc.returncode != 0 and "but the run directory pre_ln-2L-seed1 is pre_ln" in proc.stdout, proc.stdout[-3000:]
+    assert not (other / "eval").exists() or not any((other / "eval").glob("*.json"))
     proc = run_script([EVALUATE, *iwslt, "--run-dir", run_dir, "--checkpoint", run_dir], check=False, timeout=300)
     assert proc.returncode != 0 and "is a folder: give a checkpoint file in it (checkpoint" in proc.stdout
     junk = run_dir.parent / "junk.pt"
@@ -489,12 +493,17 @@ def test_a_checkpoint_is_checked_against_the_run_directory_it_is_evaluated_for(t
 
     (tmp_path / "text.pt").write_text("not a checkpoint")
     (tmp_path / "truncated.pt").write_bytes(plugin.read_bytes()[:200])
-    for name, reason in (("text.pt", "UnpicklingError: no file torch.save wrote"),
-                         ("truncated.pt", "RuntimeError: PytorchStreamReader failed reading zip archive")):
+    torch.save({"encoder.embed_tokens.weight": torch.zeros(2, 2)}, tmp_path / "state_dict.pt")  # no settings
+    for name, reason in (
+            ("text.pt", f"cannot read the checkpoint {tmp_path / 'text.pt'} (UnpicklingError: no file torch.save wrote"),
+            ("truncated.pt", f"checkpoint {tmp_path / 'truncated.pt'} is truncated (200 bytes; cut short while it was "
+                             f"written, e.g. by a kill during a save): evaluate a complete one (--checkpoint best, "
+                             f"last or a file) (no complete checkpoint is beside it)"),
+            ("state_dict.pt", f"cannot read the checkpoint {tmp_path / 'state_dict.pt'}: it saved no settings")):
         for command in ("checkpoint-fits-run", "checkpoint-langs"):
             with pytest.raises(SystemExit) as exit_:
                 main([command, str(tmp_path / name), "resi_dual-6L-seed2"][:3 if command.endswith("run") else 2])
-            assert str(exit_.value).startswith(f"cannot read the checkpoint {tmp_path / name} ({reason}"), exit_.value
+            assert str(exit_.value).startswith(reason), exit_.value
             assert "\n" not in str(exit_.value)
 
 

@@ -115,9 +115,14 @@ def _saved_sections(path, *sections):
     (the tensors are not read), else whole.
 
     Raises:
-        ValueError: the file is no checkpoint torch can read (truncated, another format), in one line."""
-    from fairseq_residual.checkpoint_safety import read_checkpoint_structure, unreadable_reason
+        ValueError: the file is empty or truncated (naming the complete checkpoints beside it), no checkpoint torch
+            can read (another format), or one without saved settings (a bare ``state_dict``), in one line."""
+    from fairseq_residual.checkpoint_safety import check_not_truncated, read_checkpoint_structure, unreadable_reason
 
+    try:  # empty or cut short by a kill: say so, and name the complete ones beside it
+        check_not_truncated(path, "evaluate a complete one (--checkpoint best, last or a file)")
+    except Exception as exc:  # noqa: BLE001 - TruncatedCheckpointError, a missing file: one line
+        raise ValueError(str(exc)) from None
     try:
         state = read_checkpoint_structure(path)
     except Exception as exc:  # noqa: BLE001 - whatever torch says, one line for the shell scripts
@@ -127,6 +132,9 @@ def _saved_sections(path, *sections):
         raise ValueError(f"cannot read the checkpoint {path}: it holds no fairseq checkpoint (a "
                          f"{type(state).__name__})")
     cfg = state.get("cfg")
+    if cfg is None and state.get("args") is None:  # nothing to compare: not "a post_ln model" by default
+        raise ValueError(f"cannot read the checkpoint {path}: it saved no settings (no cfg or args; a bare "
+                         f"state_dict?): evaluate a checkpoint that fairseq-train saved")
 
     def getter(section):
         part = cfg.get(section) if isinstance(cfg, dict) else getattr(cfg, section, None) if cfg is not None else None
