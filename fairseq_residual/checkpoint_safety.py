@@ -199,6 +199,20 @@ class ResumeCandidate:
     scheme: Optional[str] = None
 
 
+def dictionary_rows_differ(saved: dict, own: dict):
+    """``(key, rows in saved, rows in own)`` of the first embedding table whose number of rows (words of the
+    dictionary) differs, where those tables and the output projection are the only tensors whose shapes differ
+    between the state dicts ``saved`` (a checkpoint's) and ``own`` (this model's); None otherwise. Data binarized
+    with other dictionaries than the model's changes those shapes and nothing else."""
+    differ = [k for k, v in saved.items()
+              if k in own and torch.is_tensor(v) and tuple(v.shape) != tuple(own[k].shape)]
+    tables = [k for k in differ if k.endswith("embed_tokens.weight")
+              and saved[k].shape[1:] == own[k].shape[1:] and saved[k].shape[0] != own[k].shape[0]]
+    if tables and all(k.endswith(("embed_tokens.weight", "output_projection.weight")) for k in differ):
+        return tables[0], saved[tables[0]].shape[0], own[tables[0]].shape[0]
+    return None
+
+
 def _misfit(saved: dict, model) -> Optional[str]:
     """Why the model state ``saved`` (a checkpoint's ``model``) is not of this run's ``model``, or None.
 
@@ -234,6 +248,11 @@ def _misfit(saved: dict, model) -> Optional[str]:
 
     if shapes(saved) == shapes(own):
         return None
+    words = dictionary_rows_differ(saved, own)
+    if words:
+        key, theirs, mine = words
+        return (f"its dictionaries are not this data's: {key.split('.')[0]}'s embedding has {theirs} rows in the "
+                f"checkpoint, {mine} with the dictionaries of this data directory")
     named = [f"{k} has shape {tuple(saved[k].shape)}, this run's {tuple(own[k].shape)}" for k in own
              if torch.is_tensor(saved.get(k)) and tuple(saved[k].shape) != tuple(own[k].shape)]
     if not named:
@@ -475,8 +494,11 @@ def resume_from_this_run(cfg, trainer, **passthrough_args):
         (c for c in rejected if c.misfit and os.path.abspath(c.path) == os.path.abspath(last)), None)
     if foreign:  # before the warnings about each checkpoint: the refusal says it for all of them
         scheme = foreign.scheme
-        differ = [] if scheme and "residual scheme" in foreign.problem else settings_differ(last, trainer)
-        settings = (f"--residual-scheme {scheme} (model.residual_scheme={scheme})"
+        words = foreign.problem.startswith("its dictionaries")  # no model setting makes this one
+        differ = [] if words or (scheme and "residual scheme" in foreign.problem) else settings_differ(last, trainer)
+        settings = ("the data directory it was trained on (fairseq-preprocess --destdir), or text binarized with its "
+                    "dictionaries (fairseq-preprocess --srcdict/--tgtdict of that directory's dict.*.txt)" if words
+                    else f"--residual-scheme {scheme} (model.residual_scheme={scheme})"
                     if scheme and "residual scheme" in foreign.problem
                     else resume_settings(differ) + " as it was trained"
                     if differ else "the settings it was trained with")

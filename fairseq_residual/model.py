@@ -374,16 +374,17 @@ def _check_shapes(saved: dict, own: dict) -> None:
             ``--model-overrides`` of such a key, or a checkpoint of another model; or, when only the embedding
             tables differ in their number of rows, data whose dictionaries are not the checkpoint's.
     """
+    from .checkpoint_safety import dictionary_rows_differ
+
     differ = [k for k, v in saved.items()
               if k in own and torch.is_tensor(v) and tuple(v.shape) != tuple(own[k].shape)]
     named = [f"{k} is {tuple(saved[k].shape)} in the checkpoint, {tuple(own[k].shape)} in this model" for k in differ]
-    tables = [k for k in differ if k.endswith("embed_tokens.weight")
-              and saved[k].shape[1:] == own[k].shape[1:] and saved[k].shape[0] != own[k].shape[0]]
-    if tables and all(k.endswith(("embed_tokens.weight", "output_projection.weight")) for k in differ):
-        k = tables[0]
+    words = dictionary_rows_differ(saved, own)
+    if words:
+        k, theirs, mine = words
         raise SettingError(
             f"the checkpoint's dictionary is not the data's: {k.split('.')[0]}'s embedding has "
-            f"{saved[k].shape[0]} rows in the checkpoint, {own[k].shape[0]} with the dictionaries of this data "
+            f"{theirs} rows in the checkpoint, {mine} with the dictionaries of this data "
             f"directory. Pass the data directory (fairseq-preprocess --destdir) the model was trained with, or "
             f"binarize the text with its dictionaries (fairseq-preprocess --srcdict/--tgtdict DATA_BIN/dict.*.txt)")
     if named:

@@ -420,6 +420,27 @@ def test_a_save_dir_of_other_sizes_names_the_settings(foreign_checkpoints, tiny_
                      r"--save-dir", message), message
 
 
+def test_a_save_dir_trained_on_other_dictionaries_names_the_data(trained_save_dir, tiny_data_bin, tmp_path):
+    """Resuming on data binarized with other dictionaries: no model setting differs, so the refusal names the
+    dictionaries and the data directory, not "the settings it was trained with"."""
+    import shutil
+
+    raw, data_bin = tiny_data_bin
+    other = tmp_path / "bin"
+    fairseq_main("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
+                 "--validpref", raw / "valid", "--destdir", other, "--joined-dictionary", "--nwordssrc", 12,  # and 4 special symbols: 16 rows
+                 "--workers", "1")
+    save = tmp_path / "ckpt"
+    shutil.copytree(trained_save_dir, save)
+    with pytest.raises(AssertionError) as raised:
+        fairseq_main("fairseq-train", other, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 5, *TRAIN)
+    message = str(raised.value).split("\n")[0]
+    assert re.search(r"checkpoint_last\.pt is not a checkpoint of this run's model: its dictionaries are not this "
+                     r"data's: encoder's embedding has \d+ rows in the checkpoint, 16 with the dictionaries of this data "
+                     r"directory; .* Resume with the data directory it was trained on \(fairseq-preprocess --destdir\)",
+                     message), message
+
+
 def test_the_settings_to_resume_with_are_typed_as_each_tool_takes_them(tmp_path, monkeypatch):
     """The refusal's "Resume with ..." lists the settings that shape tensors (dropout never keeps a checkpoint
     from loading), read with the safe loader, as the running tool takes them: switches as the flag alone or
