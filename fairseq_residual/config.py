@@ -100,6 +100,10 @@ def residual_options(args, typed=frozenset()) -> SchemeOptions:
     depth = {}
     for stack in ("encoder", "decoder"):
         layers, keep = _stack_option(args, stack, "layers"), _stack_option(args, stack, "layers_to_keep")
+        if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) and not (
+                isinstance(layers, str) and layers.strip().isdigit())):
+            raise OptionError(  # Hydra hands over what was typed (model.encoder_layers=two), past argparse's int
+                f"--{stack}-layers (model.{stack}_layers) must be an integer, at least 1, got {layers!r}")
         if layers is not None and int(layers) < 1:
             raise OptionError(
                 f"--{stack}-layers must be at least 1, got {layers}: every residual scheme needs a layer per "

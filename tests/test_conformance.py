@@ -269,6 +269,20 @@ def test_an_option_of_another_scheme_is_refused_the_same_way(scheme, option):
         build_model("residual_transformer_tiny", "--residual-scheme", other, flag, *([] if value is None else [value]))
 
 
+def test_a_depth_that_is_no_integer_is_refused_by_name():
+    """Hydra hands over what was typed (model.encoder_layers=two), past argparse's int: named, not int()'s error."""
+    from fairseq_residual.config import residual_options
+
+    _, args, _ = build_model("residual_transformer_tiny")
+    for typed in ("two", 2.5, True):
+        args.encoder_layers = typed
+        with pytest.raises(ValueError, match=rf"^--encoder-layers \(model\.encoder_layers\) must be an integer, at "
+                                             rf"least 1, got {typed!r}"):
+            residual_options(args)
+    args.encoder_layers = "3"  # a digit string, as a legacy namespace may hold it: accepted
+    assert residual_options(args).encoder_layers == 3
+
+
 def test_an_option_of_another_scheme_is_refused_before_its_range_is_checked():
     """Its value is moot: a user told "must be in [0.01, 1]" would fix the value, only to be told to drop it."""
     with pytest.raises(ValueError, match=r"^--resi-dual-scale \(model\.resi_dual_scale\) is an option of "
