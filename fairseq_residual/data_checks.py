@@ -28,13 +28,14 @@ def check_data_dir(cfg) -> None:
     are left to fairseq.
 
     Raises:
-        DataDirectoryError (a ``FileNotFoundError``): the first folder does not exist, is a file, or lacks the
+        DataDirectoryError (a ``FileNotFoundError``): no data directory given (None or empty: Hydra's required
+            ``task.data`` not set); the first folder does not exist, is a file, or lacks the
             ``dict.<lang>.txt`` of ``--source-lang`` / ``--target-lang`` (or any dictionary, when they are not
             given), naming the folder, what it holds and the fix.
     """
     data = getattr(cfg, "data", None)
-    if not data:
-        return
+    if not data:  # Hydra's required task.data left at ??? arrives as None; stock fairseq: a TypeError in split_paths
+        raise DataDirectoryError(f"no data directory given: {FIX}")
     first = utils.split_paths(data)[0]
     if "://" in first:
         return

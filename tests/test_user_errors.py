@@ -198,6 +198,10 @@ def test_a_missing_or_wrong_data_directory_is_named_with_its_fix(tmp_path, monke
         return argparse.Namespace(data=data, source_lang=src, target_lang=tgt)
 
     monkeypatch.chdir(tmp_path)
+    for none in (None, ""):  # fairseq-hydra-train without task.data: not split_paths' TypeError
+        with pytest.raises(FileNotFoundError, match=r"^no data directory given: pass the --destdir of fairseq-preprocess "
+                                                    r"\(task.data=<path> under fairseq-hydra-train\)$"):
+            TranslationTask.setup_task(cfg(none))
     with pytest.raises(FileNotFoundError, match=rf"^data directory nope \(relative to {tmp_path}\) does not exist: "
                                                 r"pass the --destdir of fairseq-preprocess \(task.data=<path> under "
                                                 r"fairseq-hydra-train\)$"):
