@@ -23,11 +23,12 @@ import argparse
 import re
 import sys
 
+from fairseq import models as fairseq_models
 from fairseq import options
 
-from .model import ARCH_NAMES, MODEL_NAME
+from .model import ARCH_NAMES, MODEL_NAME, PRESETS
 from .schemes import SCHEMES, SCHEME_NAMES
-from .user_errors import LOADING_TOOLS, closest, long_options, running_tool
+from .user_errors import LOADING_TOOLS, SettingError, closest, long_options, running_tool
 
 _add_model_args = options.add_model_args
 _add_dataset_args = options.add_dataset_args
@@ -199,6 +200,33 @@ def add_dataset_args(parser, train=False, gen=False):
     return group
 
 
+def build_model(cfg, task, from_checkpoint=False):
+    """fairseq's ``models.build_model``, refusing first a model name that no registry knows: Hydra's
+    ``model._name`` is not checked against the ``--arch`` choices, and fairseq then ends on an assertion whose
+    message formats the whole config (``KeyError: "'_name'"`` in struct mode).
+
+    Raises:
+        SettingError: the name is unknown, with the closest known one and the plugin's presets."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_DATACLASS_REGISTRY
+
+    try:
+        name = getattr(cfg, "_name", None) or getattr(cfg, "arch", None)
+    except Exception:  # noqa: BLE001 - a config without either: fairseq's own inference and errors
+        name = None
+    if isinstance(name, str) and name not in ARCH_MODEL_REGISTRY and name not in MODEL_DATACLASS_REGISTRY:
+        close = closest(name, [*ARCH_MODEL_REGISTRY, *MODEL_DATACLASS_REGISTRY])
+        raise SettingError(
+            f"model._name={name} (--arch) is no model or architecture fairseq knows"
+            + (f" (did you mean {close}?)" if close else "")
+            + f": this plugin's are {', '.join(PRESETS)} (each also as <preset>_<scheme>) and {MODEL_NAME}_tiny "
+              f"(fairseq-train --user-dir fairseq_residual --help lists them all); a model of another plugin needs "
+              f"its --user-dir (common.user_dir)")
+    return _stock_build_model(cfg, task, from_checkpoint)
+
+
 if getattr(options.add_model_args, "__module__", None) != __name__:
     options.add_model_args = add_model_args
     options.add_dataset_args = add_dataset_args
+if getattr(fairseq_models.build_model, "__module__", None) != __name__:
+    _stock_build_model = fairseq_models.build_model
+    fairseq_models.build_model = build_model

@@ -222,6 +222,25 @@ def test_a_missing_or_wrong_data_directory_is_named_with_its_fix(tmp_path, monke
     assert len(task.target_dictionary) == len(make_dictionary())
 
 
+def test_a_model_name_no_registry_knows_is_refused_with_the_closest(monkeypatch):
+    """Hydra's model._name is not checked against the --arch choices; stock fairseq then ends on KeyError
+    "'_name'" while formatting the config for its assertion. A known name builds as before."""
+    from fairseq import models
+    from omegaconf import OmegaConf
+
+    from fairseq_residual.user_errors import SettingError
+
+    cfg = OmegaConf.create({"_name": "residual_transformer_tin", "dropout": 0.1})
+    OmegaConf.set_struct(cfg, True)
+    with pytest.raises(SettingError, match=r"^model\._name=residual_transformer_tin \(--arch\) is no model or "
+                                           r"architecture fairseq knows \(did you mean residual_transformer_tiny\?\): "
+                                           r"this plugin's are residual_transformer, .* a model of another plugin "
+                                           r"needs its --user-dir"):
+        models.build_model(cfg, None)
+    model, _, _ = build_model("residual_transformer_tiny", *SMALL, dictionary=DICTIONARY)  # through the same call
+    assert model.residual_scheme == "resi_dual"
+
+
 def test_user_input_errors_are_one_message_and_keep_their_builtin_base(monkeypatch):
     """The plugin's errors about the user's input are reported as ``<tool>: error: <message>``; any other
     exception, and FAIRSEQ_RESIDUAL_FULL_ERROR=1, leave Python's traceback; callers catching the builtin base
