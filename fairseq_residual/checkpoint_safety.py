@@ -589,25 +589,50 @@ def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
     Raises:
         TruncatedCheckpointError: ``path`` is a local file cut short (not a complete zip archive) and
             ``torch.load`` failed on it; the message lists the complete checkpoints beside it.
-        NotACheckpointError: ``path`` is neither a zip archive nor a legacy pickle (a JSON file, text).
+        NotACheckpointError: ``path`` is no fairseq checkpoint (:func:`_not_a_checkpoint`: text, JSON, a zip
+            archive torch did not write, a bare ``state_dict``).
         SettingError: in fairseq's loading tools, a ``--model-overrides`` key that a checkpoint of this plugin's
             model would ignore, with the closest known key (:func:`overwrite_args_by_name`).
     """
     try:
         state = _stock_load_checkpoint_to_cpu(path, arg_overrides, load_on_all_ranks)
-    except (EOFError, OSError, RuntimeError, ValueError, pickle.UnpicklingError) as exc:
-        if isinstance(exc, UserInputError) or PathManager.path_requires_pathmanager(path):
+    except (EOFError, OSError, RuntimeError, ValueError, KeyError, pickle.UnpicklingError) as exc:
+        if isinstance(exc, UserInputError) or PathManager.path_requires_pathmanager(path) or not os.path.isfile(path):
             raise
-        if not os.path.isfile(path) or is_complete_checkpoint(path):
+        why = _not_a_checkpoint(path)
+        if why:
+            raise NotACheckpointError(f"{path} is not a checkpoint: {why}; pass a checkpoint fairseq-train wrote") \
+                from exc
+        if is_complete_checkpoint(path):
             raise
-        with open(path, "rb") as f:
-            head = f.read(4)
-        if head and not head.startswith(b"PK") and not head.startswith(b"\x80"):  # neither zip nor legacy pickle
-            raise NotACheckpointError(
-                f"{path} is not a checkpoint: not a file torch.save wrote (it begins with {head!r}); pass a "
-                f"checkpoint fairseq-train wrote") from exc
         raise TruncatedCheckpointError(_truncated_message(path, "load another one")) from exc
     return state
+
+
+def _not_a_checkpoint(path: str) -> Optional[str]:
+    """Why the local file ``path``, which fairseq failed to load, is no fairseq checkpoint at all, or None (it may
+    be one: cut short, or of a version fairseq cannot upgrade): not a file ``torch.save`` wrote (neither a zip
+    archive nor a legacy pickle: text, JSON, HTML); a zip archive without torch's ``data.pkl``; a file
+    ``torch.save`` wrote that holds no ``model`` entry (a bare ``state_dict``)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head and not head.startswith(b"PK") and not head.startswith(b"\x80"):  # neither zip nor legacy pickle
+        return f"not a file torch.save wrote (it begins with {head!r})"
+    if not is_complete_checkpoint(path):
+        return None
+    with zipfile.ZipFile(path) as archive:
+        if not any(name == "data.pkl" or name.endswith("/data.pkl") for name in archive.namelist()):
+            return "a zip archive that torch.save did not write (no data.pkl in it)"
+    try:
+        state = read_checkpoint_structure(path)
+    except Exception:  # noqa: BLE001 - unreadable for the safe loader: fairseq's own error stands
+        return None
+    if not isinstance(state, dict) or "model" not in state:
+        keys = sorted(map(str, state)) if isinstance(state, dict) else []
+        held = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "") if keys else f"a {type(state).__name__}"
+        return (f"a PyTorch file but not a fairseq checkpoint (no 'model' entry; it holds {held}: a bare "
+                f"state_dict?)")
+    return None
 
 
 def typed_model_overrides(argv=None):

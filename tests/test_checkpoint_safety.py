@@ -306,6 +306,34 @@ def test_an_unreadable_checkpoint_is_rejected_with_torchs_reason_in_one_line(tmp
     assert problem.startswith("it cannot be read (") and "\n" not in problem and ". " not in problem, problem
 
 
+def test_a_file_that_is_no_fairseq_checkpoint_is_named_so_when_loaded(tmp_path):
+    """fairseq-generate's --path (fairseq's load_checkpoint_to_cpu): text (stock: KeyError 101), a bare state_dict
+    (stock: KeyError 'best_loss' in its upgrade) and a zip archive torch did not write (stock: torch's
+    "[enforce fail at inline_container.cc]") end on one line; a truncated checkpoint stays named as truncated."""
+    import zipfile
+
+    import torch
+    from fairseq import checkpoint_utils
+
+    from fairseq_residual.checkpoint_safety import NotACheckpointError, TruncatedCheckpointError
+
+    (tmp_path / "text.pt").write_text("hello\n")
+    torch.save({"encoder.embed_tokens.weight": torch.zeros(2, 2)}, tmp_path / "state_dict.pt")
+    with zipfile.ZipFile(tmp_path / "other.pt", "w") as archive:
+        archive.writestr("notes.txt", "not torch's")
+    for name, why in (("text.pt", r"not a file torch.save wrote \(it begins with b'hell'\)"),
+                      ("state_dict.pt", r"a PyTorch file but not a fairseq checkpoint \(no 'model' entry; it holds "
+                                        r"encoder.embed_tokens.weight: a bare state_dict\?\)"),
+                      ("other.pt", r"a zip archive that torch.save did not write \(no data.pkl in it\)")):
+        path = str(tmp_path / name)
+        with pytest.raises(NotACheckpointError, match=rf"^{re.escape(path)} is not a checkpoint: {why}; pass a "
+                                                      rf"checkpoint fairseq-train wrote$"):
+            checkpoint_utils.load_checkpoint_to_cpu(path)
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "state_dict.pt").read_bytes()[:300])
+    with pytest.raises(TruncatedCheckpointError):
+        checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "cut.pt"))
+
+
 def test_fit_check_compares_schemes_and_shapes_without_touching_the_model():
     import torch
 
