@@ -4,7 +4,9 @@
 (this plugin's ``translation_with_grad_norms``).
 
 Stock fairseq ends there on a bare ``FileNotFoundError`` (``os.listdir`` of the missing folder, while inferring the
-language pair) or on the missing dictionary's path, after a traceback of some 40 lines.
+language pair), on the missing dictionary's path, or on ``Could not infer language pair`` (dictionaries but no
+binarized split), after a traceback of some 40 lines; and, from ``TranslationTask.load_dataset``, on ``Dataset not
+found: valid`` (a split fairseq-preprocess was not given).
 """
 import functools
 import os
@@ -48,11 +50,43 @@ def check_data_dir(cfg) -> None:
     langs = [lang for lang in (getattr(cfg, "source_lang", None), getattr(cfg, "target_lang", None)) if lang]
     missing = [f"dict.{lang}.txt" for lang in langs if f"dict.{lang}.txt" not in held]
     if missing or not dicts:
-        shown = ", ".join(held[:8]) + (", ..." if len(held) > 8 else "") if held else "nothing"
         lacks = ", ".join(missing) if missing else "dictionary (dict.<lang>.txt)"
-        raise DataDirectoryError(f"data directory {first} has no {lacks} (it holds: {shown}): it is not what "
+        raise DataDirectoryError(f"data directory {first} has no {lacks} (it holds: {_shown(held)}): it is not what "
                                 f"fairseq-preprocess writes for this language pair; {FIX}, or give the "
                                 f"--source-lang / --target-lang its dictionaries are named after")
+    pair = [name for name in held if len(name.split(".")) >= 3 and len(name.split(".")[1].split("-")) == 2]
+    if len(langs) < 2 and not pair:  # fairseq infers the pair from such a file: "Could not infer language pair"
+        raise DataDirectoryError(f"data directory {first} holds no binarized split (<split>.<src>-<tgt>.<lang>.bin "
+                                f"and .idx; it holds: {_shown(held)}): fairseq-preprocess did not finish, or was given "
+                                f"no --trainpref / --validpref / --testpref; binarize the text into it")
+
+
+def _shown(held) -> str:
+    """The first eight names of a folder's listing, for a message."""
+    return ", ".join(held[:8]) + (", ..." if len(held) > 8 else "") if held else "nothing"
+
+
+def _wrap_load_dataset(load_dataset):
+    """``TranslationTask.load_dataset``, naming a missing split (stock: ``FileNotFoundError: Dataset not found:
+    valid (path)``) with the folder's contents and the fix."""
+    @functools.wraps(load_dataset)
+    def wrapped(self, split, *args, **kwargs):
+        try:
+            return load_dataset(self, split, *args, **kwargs)
+        except FileNotFoundError as exc:
+            if isinstance(exc, UserInputError) or not str(exc).startswith("Dataset not found:"):
+                raise
+            folder = str(exc).rsplit("(", 1)[-1].rstrip(")")
+            held = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+            flag = {"train": "--trainpref", "valid": "--validpref", "test": "--testpref"}.get(
+                split.rstrip("0123456789"), f"--{split}pref")
+            raise DataDirectoryError(
+                f"data directory {folder} has no '{split}' split (<split>.<src>-<tgt>.<lang>.bin and .idx; it "
+                f"holds: {_shown(held)}): binarize it with fairseq-preprocess {flag}, or choose a split it has "
+                f"(--valid-subset, --gen-subset)") from None
+
+    wrapped._residual_data_checks = True
+    return wrapped
 
 
 def _wrap(setup_task):
@@ -67,3 +101,5 @@ def _wrap(setup_task):
 
 if not getattr(TranslationTask.setup_task, "_residual_data_checks", False):
     TranslationTask.setup_task = _wrap(TranslationTask.setup_task)
+if not getattr(TranslationTask.load_dataset, "_residual_data_checks", False):
+    TranslationTask.load_dataset = _wrap_load_dataset(TranslationTask.load_dataset)

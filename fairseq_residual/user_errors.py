@@ -148,7 +148,8 @@ def _stock_message(exc: BaseException):
     ``RuntimeError()`` there (no ``--arch``); a ``--model-overrides`` that is no Python dict literal (fairseq's
     tools evaluate it: ``ValueError: malformed node or string``, or fairseq-validate's ``eval``: ``NameError``);
     the ``AssertionError`` of fairseq-train or fairseq-validate without ``--max-tokens`` or ``--batch-size``;
-    fairseq-train's non-finite gradients (:func:`_nan_gradients`), whose traceback ends on a ``StopIteration``."""
+    fairseq-train's non-finite gradients (:func:`_nan_gradients`), whose traceback ends on a ``StopIteration``;
+    numpy's ``offset must be ... no greater than buffer length`` reading a binarized file cut short."""
     if _nan_gradients(exc):
         return ("the gradients became NaN or Inf: training diverged (fairseq's NaN detector names above the first "
                 "module whose output was not finite, and crash.pt in the save dir holds the model before that "
@@ -156,16 +157,22 @@ def _stock_message(exc: BaseException):
                 "gradients (--clip-norm 1.0), or use a scheme that trains at this depth (see the README's "
                 "\"Which scheme should I use?\"); with another --lr the same command resumes from "
                 "checkpoint_last.pt, give a fresh --save-dir to start over")
-    frames = []
+    frames, binarized = [], None
     tb = exc.__traceback__
     while tb is not None:
         code = tb.tb_frame.f_code
         frames.append((os.path.basename(os.path.dirname(code.co_filename)), os.path.basename(code.co_filename),
                        code.co_name))
+        if frames[-1][1] == "indexed_dataset.py" and binarized is None:  # the dataset reading a .bin file
+            binarized = getattr(tb.tb_frame.f_locals.get("self"), "_path", None)
         tb = tb.tb_next
     if not frames:
         return None
     where = frames[-1]
+    if type(exc) is ValueError and "no greater than buffer length" in str(exc) and binarized:
+        return (f"the binarized file {binarized}.bin is shorter than its index ({binarized}.idx) says: cut short "
+                f"(a kill, a full disk, an incomplete copy) after fairseq-preprocess wrote it; binarize the text "
+                f"again with fairseq-preprocess")
     if type(exc) is KeyError and exc.args == (None,) and where == ("fairseq", "options.py", "parse_args_and_arch"):
         return ("no --task given, and this tool has no default task: add the task the model was trained with "
                 "(--task translation for this plugin's translation models), with --max-tokens 4096 or --batch-size")

@@ -241,6 +241,45 @@ def test_a_model_name_no_registry_knows_is_refused_with_the_closest(monkeypatch)
     assert model.residual_scheme == "resi_dual"
 
 
+def test_a_data_directory_without_its_splits_or_with_one_cut_short_is_named(tiny_data_bin, tmp_path, monkeypatch):
+    """Dictionaries but no binarized split (stock: "Could not infer language pair"; with -s/-t: "Dataset not found:
+    valid"); a .bin file shorter than its index (stock: numpy's "offset must be ... no greater than buffer length",
+    raised while the first batch is read)."""
+    from inprocess import fairseq_main
+
+    from fairseq_residual.user_errors import user_message
+
+    _, data_bin = tiny_data_bin
+    train = ["--user-dir", USER_DIR, "--arch", "residual_transformer_tiny", "--optimizer", "adam", "--lr", "1e-3",
+             "--max-tokens", "500", "--max-update", "2", "--no-save", "--num-workers", "0",
+             "--save-dir", tmp_path / "ckpt"]
+    dicts = tmp_path / "dicts"
+    dicts.mkdir()
+    for d in data_bin.glob("dict.*.txt"):
+        shutil.copy(d, dicts)
+    with pytest.raises(AssertionError, match=rf"DataDirectoryError: data directory {dicts} holds no binarized split "
+                                             r"\(<split>.<src>-<tgt>.<lang>.bin and .idx; it holds: dict.src.txt, "
+                                             r"dict.tgt.txt\): fairseq-preprocess did not finish"):
+        fairseq_main("fairseq-train", dicts, *train)
+    for name in ("train.src-tgt.src", "train.src-tgt.tgt"):
+        for ext in (".bin", ".idx"):
+            shutil.copy(data_bin / (name + ext), dicts)
+    with pytest.raises(AssertionError, match=rf"DataDirectoryError: data directory {dicts} has no 'valid' split "
+                                             r".*: binarize it with fairseq-preprocess --validpref, or choose a split"):
+        fairseq_main("fairseq-train", dicts, "-s", "src", "-t", "tgt", *train)
+    cut = tmp_path / "cut"
+    shutil.copytree(data_bin, cut)
+    binary = cut / "train.src-tgt.src.bin"
+    binary.write_bytes(binary.read_bytes()[:binary.stat().st_size // 2])
+    with pytest.raises(AssertionError) as raised:
+        fairseq_main("fairseq-train", cut, *train)
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train"])
+    assert user_message(raised.value.__cause__) == (
+        f"the binarized file {cut}/train.src-tgt.src.bin is shorter than its index ({cut}/train.src-tgt.src.idx) "
+        f"says: cut short (a kill, a full disk, an incomplete copy) after fairseq-preprocess wrote it; binarize the "
+        f"text again with fairseq-preprocess")
+
+
 def test_user_input_errors_are_one_message_and_keep_their_builtin_base(monkeypatch):
     """The plugin's errors about the user's input are reported as ``<tool>: error: <message>``; any other
     exception, and FAIRSEQ_RESIDUAL_FULL_ERROR=1, leave Python's traceback; callers catching the builtin base
