@@ -252,11 +252,15 @@ def user_message(exc: BaseException):
 
 def closest(name: str, known, cutoff: float = 0.6):
     """The name of ``known`` closest to ``name`` (a misspelt option or key), or None (difflib's ratio below
-    ``cutoff``)."""
+    ``cutoff``); compared without case (``Pre_LN`` is ``pre_ln``, which difflib's ratio of 0.5 would miss)."""
     import difflib
 
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=cutoff)
-    return close[0] if close else None
+    known = list(known)
+    by_lower = {}
+    for k in known:
+        by_lower.setdefault(k.lower(), k)
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=cutoff)
+    return by_lower[close[0]] if close else None
 
 
 def long_options(parser):

@@ -768,6 +768,8 @@ def test_an_unknown_scheme_names_the_closest():
         get_scheme("ResiDual")
     with pytest.raises(SettingError, match=r"^unknown residual scheme 'zzz': choose one of post_ln"):
         get_scheme("zzz")
+    with pytest.raises(SettingError, match=r"^unknown residual scheme 'Pre_LN' \(did you mean pre_ln\?\)"):
+        get_scheme("Pre_LN")  # case alone: difflib's ratio is 0.5
 
 
 def test_fairseq_train_without_an_arch_is_named():
