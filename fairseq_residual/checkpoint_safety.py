@@ -202,8 +202,11 @@ class ResumeCandidate:
 def dictionary_rows_differ(saved: dict, own: dict):
     """``(key, rows in saved, rows in own)`` of the first embedding table whose number of rows (words of the
     dictionary) differs, where those tables and the output projection are the only tensors whose shapes differ
-    between the state dicts ``saved`` (a checkpoint's) and ``own`` (this model's); None otherwise. Data binarized
-    with other dictionaries than the model's changes those shapes and nothing else."""
+    between the state dicts ``saved`` (a checkpoint's) and ``own`` (this model's), which hold the same tensors by
+    name; None otherwise (a tensor of one that the other lacks: another model, whatever its dictionaries). Data
+    binarized with other dictionaries than the model's changes those shapes and nothing else."""
+    if {k for k, v in saved.items() if torch.is_tensor(v)} != {k for k, v in own.items() if torch.is_tensor(v)}:
+        return None
     differ = [k for k, v in saved.items()
               if k in own and torch.is_tensor(v) and tuple(v.shape) != tuple(own[k].shape)]
     tables = [k for k in differ if k.endswith("embed_tokens.weight")
@@ -603,7 +606,7 @@ def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         if why:
             raise NotACheckpointError(f"{path} is not a checkpoint: {why}; pass a checkpoint fairseq-train wrote") \
                 from exc
-        if is_complete_checkpoint(path):
+        if isinstance(exc, KeyError) or is_complete_checkpoint(path):  # read whole: fairseq's own failure stands
             raise
         raise TruncatedCheckpointError(_truncated_message(path, "load another one")) from exc
     return state
@@ -618,12 +621,13 @@ def _not_a_checkpoint(path: str) -> Optional[str]:
         head = f.read(4)
     if head and not head.startswith(b"PK") and not head.startswith(b"\x80"):  # neither zip nor legacy pickle
         return f"not a file torch.save wrote (it begins with {head!r})"
-    if not is_complete_checkpoint(path):
+    if is_complete_checkpoint(path):
+        with zipfile.ZipFile(path) as archive:
+            if not any(name == "data.pkl" or name.endswith("/data.pkl") for name in archive.namelist()):
+                return "a zip archive that torch.save did not write (no data.pkl in it)"
+    elif not head.startswith(b"\x80"):  # a zip archive cut short: truncated, not another kind of file
         return None
-    with zipfile.ZipFile(path) as archive:
-        if not any(name == "data.pkl" or name.endswith("/data.pkl") for name in archive.namelist()):
-            return "a zip archive that torch.save did not write (no data.pkl in it)"
-    try:
+    try:  # a complete zip, or a legacy pickle (torch before 1.6), which only a load can tell cut short
         state = read_checkpoint_structure(path)
     except Exception:  # noqa: BLE001 - unreadable for the safe loader: fairseq's own error stands
         return None

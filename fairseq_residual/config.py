@@ -6,6 +6,7 @@ leave open, and turns the parsed options into the validated :class:`~fairseq_res
 that the encoder and decoder receive as ``cfg.residual_options``.
 """
 import argparse
+import numbers
 import re
 import sys
 
@@ -100,8 +101,8 @@ def residual_options(args, typed=frozenset()) -> SchemeOptions:
     depth = {}
     for stack in ("encoder", "decoder"):
         layers, keep = _stack_option(args, stack, "layers"), _stack_option(args, stack, "layers_to_keep")
-        if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) and not (
-                isinstance(layers, str) and layers.strip().isdigit())):
+        if layers is not None and (isinstance(layers, bool) or not isinstance(layers, numbers.Integral) and not (
+                isinstance(layers, str) and layers.strip().isdecimal() and layers.strip().isascii())):
             raise OptionError(  # Hydra hands over what was typed (model.encoder_layers=two), past argparse's int
                 f"--{stack}-layers (model.{stack}_layers) must be an integer, at least 1, got {layers!r}")
         if layers is not None and int(layers) < 1:

@@ -57,8 +57,11 @@ def check_data_dir(cfg) -> None:
     pair = [name for name in held if len(name.split(".")) >= 3 and len(name.split(".")[1].split("-")) == 2]
     if len(langs) < 2 and not pair:  # fairseq infers the pair from such a file: "Could not infer language pair"
         raise DataDirectoryError(f"data directory {first} holds no binarized split (<split>.<src>-<tgt>.<lang>.bin "
-                                f"and .idx; it holds: {_shown(held)}): fairseq-preprocess did not finish, or was given "
-                                f"no --trainpref / --validpref / --testpref; binarize the text into it")
+                                f"and .idx; it holds: {_shown(held)}) to infer the language pair from: give "
+                                f"--source-lang / --target-lang (task.source_lang / task.target_lang; fairseq-interactive "
+                                f"needs only the dictionaries), or, to train or score, binarize the text into it "
+                                f"(fairseq-preprocess did not finish, or was given no --trainpref / --validpref / "
+                                f"--testpref)")
 
 
 def _shown(held) -> str:
@@ -76,13 +79,18 @@ def _wrap_load_dataset(load_dataset):
         except FileNotFoundError as exc:
             if isinstance(exc, UserInputError) or not str(exc).startswith("Dataset not found:"):
                 raise
-            folder = str(exc).rsplit("(", 1)[-1].rstrip(")")
-            held = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-            flag = {"train": "--trainpref", "valid": "--validpref", "test": "--testpref"}.get(
-                split.rstrip("0123456789"), f"--{split}pref")
+            prefix = f"Dataset not found: {split} ("
+            text = str(exc)
+            folder = text[len(prefix):-1] if text.startswith(prefix) and text.endswith(")") else None
+            held = sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []
+            stock = {"train": "--trainpref", "valid": "--validpref", "test": "--testpref"}
+            how = (f"fairseq-preprocess {stock[split]}" if split in stock
+                   else "a second, comma-separated fairseq-preprocess --validpref (it writes valid1, valid2, ...)"
+                   if split.rstrip("0123456789") == "valid" and split != "valid"
+                   else "fairseq-preprocess, whose --trainpref / --validpref / --testpref write train, valid, test")
             raise DataDirectoryError(
-                f"data directory {folder} has no '{split}' split (<split>.<src>-<tgt>.<lang>.bin and .idx; it "
-                f"holds: {_shown(held)}): binarize it with fairseq-preprocess {flag}, or choose a split it has "
+                f"data directory {folder or self.cfg.data} has no '{split}' split (<split>.<src>-<tgt>.<lang>.bin "
+                f"and .idx; it holds: {_shown(held)}): binarize it with {how}, or choose a split it has "
                 f"(--valid-subset, --gen-subset)") from None
 
     wrapped._residual_data_checks = True

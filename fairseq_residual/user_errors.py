@@ -151,12 +151,16 @@ def _stock_message(exc: BaseException):
     fairseq-train's non-finite gradients (:func:`_nan_gradients`), whose traceback ends on a ``StopIteration``;
     numpy's ``offset must be ... no greater than buffer length`` reading a binarized file cut short."""
     if _nan_gradients(exc):
-        return ("the gradients became NaN or Inf: training diverged (fairseq's NaN detector names above the first "
-                "module whose output was not finite, and crash.pt in the save dir holds the model before that "
-                "step). Lower --lr, add a warm-up (--lr-scheduler inverse_sqrt --warmup-updates 4000), clip "
-                "gradients (--clip-norm 1.0), or use a scheme that trains at this depth (see the README's "
-                "\"Which scheme should I use?\"); with another --lr the same command resumes from "
-                "checkpoint_last.pt, give a fresh --save-dir to start over")
+        lr, warm, clip, save = (("optimization.lr=[...]", "lr_scheduler=inverse_sqrt "
+                                 "lr_scheduler.warmup_updates=4000", "optimization.clip_norm=1.0",
+                                 "checkpoint.save_dir") if in_hydra_train() else
+                                ("--lr", "--lr-scheduler inverse_sqrt --warmup-updates 4000", "--clip-norm 1.0",
+                                 "--save-dir"))
+        return (f"the gradients became NaN or Inf: training diverged (fairseq's NaN detector names above the first "
+                f"module whose output was not finite, and crash.pt in the save dir holds the model before that "
+                f"step). Lower {lr}, add a warm-up ({warm}), clip gradients ({clip}), or use a scheme that trains at "
+                f"this depth (see the README's \"Which scheme should I use?\"); the same command resumes from the "
+                f"newest checkpoint in the save dir, if one was saved: give a fresh {save} to start over")
     frames, binarized = [], None
     tb = exc.__traceback__
     while tb is not None:
@@ -220,12 +224,15 @@ def _model_option_refusal():
 
         with contextlib.redirect_stderr(io.StringIO()):  # a parse error here is not this report's to print
             args = options.parse_args_and_arch(options.get_training_parser(), input_args=sys.argv[1:])
-        if not issubclass(ARCH_MODEL_REGISTRY.get(args.arch, object), ResidualTransformerModel):
-            return None
-        ResidualTransformerModel.checked_options(args)
-    except ValueError as refusal:
-        return _one_line(str(refusal))
     except BaseException:  # noqa: BLE001 - argparse's SystemExit, anything else: the batch size is the news
+        return None
+    if not issubclass(ARCH_MODEL_REGISTRY.get(args.arch, object), ResidualTransformerModel):
+        return None
+    try:
+        ResidualTransformerModel.checked_options(args)
+    except UserInputError as refusal:  # OptionError, SettingError: the refusals, each naming its fix
+        return _one_line(str(refusal))
+    except Exception:  # noqa: BLE001 - not a refusal of the options: the batch size is the news
         return None
     return None
 

@@ -329,6 +329,10 @@ def test_a_file_that_is_no_fairseq_checkpoint_is_named_so_when_loaded(tmp_path):
         with pytest.raises(NotACheckpointError, match=rf"^{re.escape(path)} is not a checkpoint: {why}; pass a "
                                                       rf"checkpoint fairseq-train wrote$"):
             checkpoint_utils.load_checkpoint_to_cpu(path)
+    legacy = str(tmp_path / "legacy.pt")  # torch's format before 1.6: a pickle, complete, no 'model' either
+    torch.save({"encoder.embed_tokens.weight": torch.zeros(2, 2)}, legacy, _use_new_zipfile_serialization=False)
+    with pytest.raises(NotACheckpointError, match=r"a PyTorch file but not a fairseq checkpoint"):
+        checkpoint_utils.load_checkpoint_to_cpu(legacy)
     (tmp_path / "cut.pt").write_bytes((tmp_path / "state_dict.pt").read_bytes()[:300])
     with pytest.raises(TruncatedCheckpointError):
         checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "cut.pt"))
@@ -348,6 +352,10 @@ def test_fit_check_compares_schemes_and_shapes_without_touching_the_model():
     other = dict(own, **{"encoder.residual_scheme_id": torch.tensor(0)})
     assert _misfit(other, model) == ("its encoder was trained with residual scheme 'post_ln', this run's uses residual "
                                      "scheme 'pre_ln'")
+    words = dict(own, **{k: torch.zeros(7, v.shape[1]) for k, v in own.items() if k.endswith("embed_tokens.weight")})
+    assert _misfit(words, model).startswith("its dictionaries are not this data's: encoder's embedding has 7 rows")
+    deeper = dict(words, **{"encoder.layers.9.fc1.weight": own["encoder.layers.0.fc1.weight"]})  # another depth too
+    assert _misfit(deeper, model).startswith("another model: ")  # not the dictionaries alone
     wider = dict(own, **{"decoder.layers.1.fc2.weight": torch.zeros(64, 32)})
     assert _misfit(wider, model) == ("another model: decoder.layers.1.fc2.weight has shape (64, 32), "
                                      "this run's (64, 64)")

@@ -416,15 +416,15 @@ def _at(curve, updates):
 
 def _read_at(curves, total, rate, budget):
     """The seeds' curves read at ``total`` CPU-seconds for a row costing ``rate`` CPU-s per update (at most
-    ``budget`` updates): ``{"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound", "trained"}``;
-    ``trained`` False where no curve was given (no seed trained: nothing is read)."""
-    entry = dict(cpu_per_update=rate, updates=None, nll=None, text=None, bound=False, trained=bool(curves))
+    ``budget`` updates): ``{"cpu_per_update", "updates", "nll": (mean, sd, n), "text", "bound"}``; nothing is read
+    where no curve is given."""
+    entry = dict(cpu_per_update=rate, updates=None, nll=None, text=None, bound=False)
     if total and rate and curves:
         updates = total / rate
         entry["bound"] = updates > budget
         entry["updates"] = min(updates, budget)
         values = [_at(c, entry["updates"]) for c in curves]
-        if curves and all(v is not None for v in values):
+        if all(v is not None for v in values):
             entry["nll"] = mean_sd(values)
             entry["text"] = ms_text(values, 3)
     return entry
@@ -480,8 +480,8 @@ def equal_compute(out, results, budget, idle=None):
         trained = [dict(map(tuple, both[r["cell"]][1])).get(budget) for r in ok]
         train_nll = mean_sd(trained)
         train_text = ms_text(trained, 3) + (f" (n = {train_nll[2]})" if 0 < train_nll[2] < len(ok) else "")
-        entry = dict(_read_at(curves, total, rate[row], budget), curve=mean_curve,
-                     train_nll=train_nll, train_text=train_text,
+        entry = dict(_read_at(curves, total, rate[row], budget), trained=bool(ok),
+                     curve=mean_curve, train_nll=train_nll, train_text=train_text,
                      plateau=plateau(mean_curve, start=CURVE_PLATEAU_FROM), lowest=lowest_point(mean_curve),
                      machines=sorted({cell_machine(os.path.join(out, "cells", r["cell"])) or "unrecorded"
                                       for r in mine if r.get("cell")}))
