@@ -18,6 +18,7 @@
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -279,8 +280,9 @@ def test_a_depth_that_is_no_integer_is_refused_by_name():
         with pytest.raises(ValueError, match=rf"^--encoder-layers \(model\.encoder_layers\) must be an integer, at "
                                              rf"least 1, got {typed!r}"):
             residual_options(args)
-    args.encoder_layers = "3"  # a digit string, as a legacy namespace may hold it: accepted
-    assert residual_options(args).encoder_layers == 3
+    for accepted in ("3", np.int64(3)):  # a digit string (a legacy namespace), a numpy integer
+        args.encoder_layers = accepted
+        assert residual_options(args).encoder_layers == 3
 
 
 def test_an_option_of_another_scheme_is_refused_before_its_range_is_checked():
