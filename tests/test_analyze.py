@@ -515,7 +515,8 @@ def test_bad_input_messages(trained, data, tmp_path, capsys):
         ([data, "--checkpoint", str(tmp_path / "result.json"), "--output-dir", str(tmp_path)],
          ["result.json is not a checkpoint: not a file torch.save wrote (it begins with b'{\"ce'"]),
         ([data, "--checkpoint", str(tmp_path / "weights.pt"), "--output-dir", str(tmp_path)],
-         ["weights.pt is a PyTorch file but not a fairseq checkpoint"]),
+         ["weights.pt is not a checkpoint: a PyTorch file but not a fairseq checkpoint (no 'model' entry; it holds "
+          "w: a bare state_dict?)"]),
         ([data, "--checkpoint", os.path.dirname(trained[0]), "--output-dir", str(tmp_path)],
          ["is a folder, not a checkpoint: ", "(newest first); pass --checkpoint ", "or another of them"]),
         ([trained[0], "--output-dir", str(tmp_path)],  # the checkpoint where DATA goes
