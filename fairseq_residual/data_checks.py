@@ -58,8 +58,9 @@ def check_data_dir(cfg) -> None:
     if len(langs) < 2 and not pair:  # fairseq infers the pair from such a file: "Could not infer language pair"
         raise DataDirectoryError(f"data directory {first} holds no binarized split (<split>.<src>-<tgt>.<lang>.bin "
                                 f"and .idx; it holds: {_shown(held)}) to infer the language pair from: give "
-                                f"--source-lang / --target-lang (task.source_lang / task.target_lang; fairseq-interactive "
-                                f"needs only the dictionaries), or, to train or score, binarize the text into it "
+                                f"--source-lang / --target-lang (task.source_lang / task.target_lang; "
+                                f"fairseq-interactive needs only the dictionaries), or, to train or score, binarize "
+                                f"the text into it "
                                 f"(fairseq-preprocess did not finish, or was given no --trainpref / --validpref / "
                                 f"--testpref)")
 

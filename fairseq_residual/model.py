@@ -170,9 +170,10 @@ class ResidualTransformerModel(TransformerModel):
 
     @staticmethod
     def checked_options(args):
-        """The validated residual options of a fairseq-train Namespace (:func:`~fairseq_residual.config.residual_options`,
-        the options typed on this command line counted as given): fills the residual defaults and writes fairseq's
-        ``--*-layers-to-keep`` lists as the comma-separated strings its legacy build splits, in ``args``.
+        """The validated residual options of a fairseq-train Namespace
+        (:func:`~fairseq_residual.config.residual_options`, the options typed on this command line counted as
+        given): fills the residual defaults and writes fairseq's ``--*-layers-to-keep`` lists as the
+        comma-separated strings its legacy build splits, in ``args``.
 
         Raises:
             ValueError: what :func:`~fairseq_residual.config.residual_options` raises."""
