@@ -68,3 +68,40 @@ def test_an_fp16_overflow_is_inf_and_gradients_are_recorded():
     with torch.no_grad(), RunningSums(half) as sums:
         half(src, lengths, prev)
     assert sums.top()["peak"] == math.inf and sums.top()["fp16_headroom"] == 0
+
+
+@pytest.mark.parametrize("scheme, scaled", [("hyper_connections", False), ("post_ln", True)])
+def test_the_analysis_tool_reports_the_largest_running_sum(scheme, scaled):
+    """``fairseq-residual-analyze``'s ``running_sums`` is the peak a plain forward shows under RunningSums (on a
+    scheme whose width mixings the tool also records, so both wrap the same ``prepare``), every wrapper is gone
+    after it, and a sum over fp16's range (Post-LN with FFN outputs 1e6 too large) is flagged in the summary."""
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    from fairseq_residual.analyze import analyze_model
+    from fairseq_residual.analyze.cli import summary_table
+
+    d = make_dictionary()
+    model, _, task = build_model("residual_transformer_tiny", "--residual-scheme", scheme, *DEPTH, "--dropout", 0,
+                                 dictionary=d)
+    if scaled:
+        with torch.no_grad():
+            for layer in model.encoder.layers:
+                layer.fc2.weight.mul_(1e6)
+    src, lengths, prev, tgt = random_batch(d)
+    with torch.no_grad(), RunningSums(model.eval()) as plain:
+        model(src, lengths, prev)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev},
+              "target": tgt, "ntokens": int(tgt.ne(d.pad()).sum()), "nsentences": src.size(0)}
+    got = analyze_model(model, LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1),
+                        [sample])["running_sums"]
+    want = plain.top()
+    assert got["site"] == want["site"] and got["peak"] == pytest.approx(want["peak"], rel=1e-6), (got, want)
+    assert not [m for m in model.modules() if m._forward_pre_hooks or m._forward_hooks]
+    assert not [m for m in model.modules() if {"prepare", "update", "start", "between", "final_input"} & set(vars(m))]
+    run = {"label": scheme, "encoder_layers": 2, "decoder_layers": 2, "cosine_consecutive": {"encoder": [], "decoder": []},
+           "grad_norm_low_top": {"encoder": 1.0, "decoder": 1.0}, "running_sums": got}
+    table = summary_table([run])
+    if scaled:
+        assert got["fp16_headroom"] < 1 and "!)" in table and f"largest running sum of {scheme} is above" in table
+    else:
+        assert got["fp16_headroom"] > 10 and "!" not in table and "largest running sum" not in table

@@ -56,6 +56,10 @@ What is measured (``analysis.json``, and one PNG per quantity with every model o
   at c = 1) says how much that eps weighs at all (it should be far below 1e-3). Measured on a fresh
   model, ``M`` is a lower bound of what training produces: run the tool on a checkpoint for a
   number that reflects training.
+* ``running_sums`` (every scheme): the largest magnitude over the forward passes of every running sum
+  (:class:`.ranges.RunningSums`: every LayerNorm input and every tensor the residual objects return,
+  padding included), the site where it was seen and ``fp16_headroom`` = 65504 / it; the summary names a
+  model whose headroom is below ``1 / --fp16-safety`` (below 1: that sum overflows fp16).
 
 Bad input (a missing checkpoint, a checkpoint of another scheme than ``--residual-scheme``, a
 missing data directory or an empty subset) ends with one message naming the problem and the fix,

@@ -203,6 +203,9 @@ def run(args, extra=(), argv=None):
             "l's sub-layers' width mixings (h' = M h, mean over non-pad tokens)",
             "dual_stream.safe_scale": "largest 1-2-5 value c <= 1 with c * max|x_d at c=1| <= "
             "fp16_safety * 65504",
+            "running_sums": "the largest |value| over the forward passes of every LayerNorm input and every tensor "
+            "the residual objects return (padding included), its site, and fp16_headroom = 65504 / it "
+            "(below 1 / fp16_safety: too close to fp16's range, train in bf16 or fp32; below 1: it overflows fp16)",
         },
     }
     os.makedirs(args.output_dir, exist_ok=True)
@@ -212,16 +215,17 @@ def run(args, extra=(), argv=None):
     path = os.path.join(args.output_dir, "analysis.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)
-    print(summary_table(runs))
+    print(summary_table(runs, args.fp16_safety))
     print(f"wrote {path}" + (f" and {len(plots)} plots ({', '.join(report['plots'])})" if plots else ""))
     return report
 
 
-def summary_table(runs):
+def summary_table(runs, fp16_safety=0.1):
     """A plain-text table of the headline numbers of each run; a line under it says what ``-`` in a gradient
-    ratio means where one is."""
+    ratio means where one is, and one names the runs whose largest running sum has less fp16 headroom than
+    ``1 / fp16_safety``."""
     rows = [("model", "layers", "enc grad L1/top", "dec grad L1/top", "enc cos top", "dec cos top",
-             "max|x_d| enc/dec", "safe c enc/dec")]
+             "max|x_d| enc/dec", "safe c enc/dec", "max running sum (fp16 headroom)")]
     for run in runs:
         cos = run["cosine_consecutive"]
         dual = run.get("dual_stream")
@@ -235,13 +239,27 @@ def summary_table(runs):
             fmt(cos["decoder"][-1] if cos["decoder"] else None),
             "-" if not dual else f"{dual['encoder']['max_abs_peak']:.3g}/{dual['decoder']['max_abs_peak']:.3g}",
             "-" if not dual else f"{fmt(dual['encoder']['safe_scale'])}/{fmt(dual['decoder']['safe_scale'])}",
+            _running_sum_cell(run.get("running_sums")),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
     if any(v is None for run in runs for v in run["grad_norm_low_top"].values()):
         table += ("\n(grad L1/top '-': the top layer's gradient norm is 0, so there is no ratio; e.g. ReZero at "
                   "initialisation, whose alpha = 0 leaves its layers' weights without gradient)")
+    close = [run["label"] for run in runs
+             if run.get("running_sums") and run["running_sums"]["fp16_headroom"] < 1 / fp16_safety]
+    if close:
+        table += (f"\n(fp16: the largest running sum of {', '.join(close)} is above {fp16_safety:g} x 65504 "
+                  "('!': above 65504, an overflow); train it in bf16 or fp32, see docs/precision.md)")
     return table
+
+
+def _running_sum_cell(top):
+    """``max (headroom)`` of a run's ``running_sums``, with ``!`` where the headroom is below 1 (an fp16
+    overflow); ``-`` where nothing was recorded."""
+    if not top:
+        return "-"
+    return f"{top['peak']:.3g} ({top['fp16_headroom']:.3g}{'!' if top['fp16_headroom'] < 1 else ''})"
 
 
 #: loggers whose INFO chatter the tool hides unless --verbose

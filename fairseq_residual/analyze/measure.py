@@ -298,16 +298,23 @@ class LayerStatistics:
 def analyze_model(model, criterion, batches, keep_dropout=False, safety=0.1):
     """Measure per-layer gradient norms, consecutive-layer cosine similarity and the dual stream of
     ``model`` over ``batches`` (fairseq samples on the model's device) with ``criterion`` (a fairseq
-    criterion returning ``(summed loss, sample_size, logging_output)``): :class:`LayerStatistics`.
+    criterion returning ``(summed loss, sample_size, logging_output)``): :class:`LayerStatistics`; and the
+    largest running sum of the forward passes, ``running_sums`` (:meth:`.ranges.RunningSums.top`: peak, site,
+    fp16 headroom; None for a model without LayerNorms or residual objects).
 
     Returns:
         dict of the measurements (see the package docstring); lists run from layer 1 (lowest) up.
     """
+    from .ranges import RunningSums
+
     total_tokens = sum(int(sample["ntokens"]) for sample in batches)
-    with LayerStatistics(model, total_tokens, keep_dropout, safety) as stats:
+    # RunningSums outside: LayerStatistics wraps some residuals' prepare on top of its wrappers and removes both
+    with RunningSums(model) as sums, LayerStatistics(model, total_tokens, keep_dropout, safety) as stats:
         for sample in batches:
             stats.add_batch(criterion, sample)
-        return stats.result()
+        result = stats.result()
+    result["running_sums"] = sums.top()
+    return result
 
 
 def _mixing_distance(records):
