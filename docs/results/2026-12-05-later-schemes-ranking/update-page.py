@@ -5,7 +5,7 @@
 Reads ``ranking.md`` beside this script (the report the study's ``--report-only --archive`` step writes) and rewrites,
 in ``../2026-12-05-later-schemes-ranking.md``, the counts and CPU-hours of the bold status line (this run's cells:
 the report's less Pre-LN's reused ones, 3 selection cells, 1 final cell and 0.91 CPU-hours; the report's projection of
-the measured rows' final cells) and the table between
+the measured rows' final cells; once every cell has finished, the paragraph's finished form) and the table between
 ``<!-- selection -->`` and ``<!-- /selection -->``. The prose under the table is the author's, not touched. Prints
 what it wrote.
 """
@@ -42,10 +42,32 @@ def main():
         sys.exit("ranking.md has no selection table ('How each row's learning rate was chosen')")
     page = open(PAGE, encoding="utf-8").read()
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    status = f"**Status ({now}): {selection} of {SELECTION_CELLS} selection cells, {final} of {FINAL_CELLS} final cells.**"
-    page, n = re.subn(r"\*\*Status \([^)]*\): \d+ of \d+ selection cells, \d+ of \d+ final cells\.\*\*", status, page)
+    done = selection == SELECTION_CELLS and final == FINAL_CELLS
+    status = (f"**Status ({now}): {selection} of {SELECTION_CELLS} selection cells, {final} of {FINAL_CELLS} final cells"
+              + (": the run is complete.**" if done else ".**"))
+    page, n = re.subn(r"\*\*Status \([^)]*\): \d+ of \d+ selection cells, \d+ of \d+ final cells"
+                      r"(: the run is complete)?\.?\*\*", status, page)
     assert n == 1, "the page's status line is not where this script expects it"
     left = f"{max(PLANNED[0] - spent, 0):.1f}-{max(PLANNED[1] - spent, 0):.1f}"
+    if done:  # the whole paragraph, status line first
+        paragraph = (f"{status}\nCPU-hours on this run's cells: {spent:.2f} (the archived report's total, {total:.2f}, "
+                     f"includes Pre-LN's reused\ncells' {REUSED_CPU_HOURS}), within the plan's {PLANNED[0]}-{PLANNED[1]}; "
+                     "the CPU time of cells lost in flight between sittings is not\nrecorded and is not in this figure "
+                     "(machine and restarts: [machines.txt](2026-12-04-ranking/machines.txt)).")
+        page, n = re.subn(r"\*\*Status .*?(?=\n\n)", lambda _: paragraph, page, count=1, flags=re.S)
+        assert n == 1, "the page's status paragraph is not where this script expects it"
+    else:
+        page = _in_progress(page, spent, total, left, projected, measured)
+    page, n = re.subn(r"<!-- selection -->\n.*?<!-- /selection -->",
+                      lambda _: f"<!-- selection -->\n{table.group(0)}<!-- /selection -->", page, flags=re.S)
+    assert n == 1, "the page has no <!-- selection --> block"
+    open(PAGE, "w", encoding="utf-8").write(page)
+    print(f"{status} this run's CPU-hours {spent:.2f}, {'none' if done else 'about ' + left} left; selection table of "
+          f"{table.group(0).count(chr(10)) - 2} rows")
+
+
+def _in_progress(page, spent, total, left, projected, measured):
+    """The status paragraph's CPU-hours sentence while cells remain."""
     page, n = re.subn(
         r"CPU-hours on this run's finished cells: [\d.]+ \(the archived report's total, [\d.]+, includes Pre-LN's "
         r"reused cells'\n?\s*[\d.]+\); about [\d.]+-[\d.]+ left(.*?)report projects [\d.]+ CPU-hours for the "
@@ -54,12 +76,7 @@ def main():
                   f"includes Pre-LN's reused cells'\n{REUSED_CPU_HOURS}); about {left} left{m.group(1)}report projects "
                   f"{projected} CPU-hours for the final cells of the {measured} later rows", page, flags=re.S)
     assert n == 1, "the page's CPU-hours sentence is not where this script expects it"
-    page, n = re.subn(r"<!-- selection -->\n.*?<!-- /selection -->",
-                      lambda _: f"<!-- selection -->\n{table.group(0)}<!-- /selection -->", page, flags=re.S)
-    assert n == 1, "the page has no <!-- selection --> block"
-    open(PAGE, "w", encoding="utf-8").write(page)
-    print(f"{status} this run's CPU-hours {spent:.2f}, about {left} left; selection table of "
-          f"{table.group(0).count(chr(10)) - 2} rows")
+    return page
 
 
 if __name__ == "__main__":
