@@ -42,7 +42,7 @@ import re
 import shutil
 import zipfile
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -186,7 +186,8 @@ class ResumeCandidate:
         mtime: its modification time.
         problem: why it may not be resumed from (None: it may), e.g. "has no optimizer state".
         by_name: True if ``problem`` is its file name alone (not a name fairseq's training writes).
-        misfit: True if ``problem`` is that its model state is of another model (:func:`_misfit`).
+        misfit: where ``problem`` is that its model state is of another model, what differs (:class:`Misfit`'s
+            ``kind``: "scheme", "norm", "dictionaries" or "shapes"); None otherwise.
         scheme: for a misfit, the residual scheme its encoder was trained with (:func:`trained_scheme`), if any.
     """
 
@@ -195,7 +196,7 @@ class ResumeCandidate:
     mtime: float
     problem: Optional[str] = None
     by_name: bool = False
-    misfit: bool = False
+    misfit: Optional[str] = None
     scheme: Optional[str] = None
 
 
@@ -216,7 +217,16 @@ def dictionary_rows_differ(saved: dict, own: dict):
     return None
 
 
-def _misfit(saved: dict, model) -> Optional[str]:
+class Misfit(NamedTuple):
+    """Why a checkpoint's model state is not of this run's model: ``kind`` is "scheme" (another residual scheme),
+    "norm" (another ``--norm``), "dictionaries" (the same tensors but the embeddings' rows) or "shapes" (another
+    model); ``problem`` says it in words."""
+
+    kind: str
+    problem: str
+
+
+def _misfit(saved: dict, model) -> Optional[Misfit]:
     """Why the model state ``saved`` (a checkpoint's ``model``) is not of this run's ``model``, or None.
 
     Compares the residual scheme of each stack (this plugin's ``residual_scheme_id`` buffers, when both
@@ -237,14 +247,14 @@ def _misfit(saved: dict, model) -> Optional[str]:
                 theirs = scheme_by_id(int(saved[key])).name
             except ValueError:
                 theirs = f"id {int(saved[key])}"
-            return (f"its {stack} was trained with residual scheme '{theirs}', this run's uses residual scheme "
-                    f"'{scheme_by_id(int(own[key])).name}'")
+            return Misfit("scheme", f"its {stack} was trained with residual scheme '{theirs}', this run's uses "
+                                    f"residual scheme '{scheme_by_id(int(own[key])).name}'")
         key = f"{stack}.residual_norm_id"  # --norm: absent for LayerNorm
         if f"{stack}.residual_scheme_id" in own:
             theirs, mine = (NORM_BY_ID.get(int(s[key]), f"id {int(s[key])}") if torch.is_tensor(s.get(key))
                             else DEFAULT_NORM for s in (saved, own))
             if theirs != mine:
-                return f"its {stack} was trained with --norm {theirs}, this run's uses --norm {mine}"
+                return Misfit("norm", f"its {stack} was trained with --norm {theirs}, this run's uses --norm {mine}")
 
     def shapes(state):
         return Counter(tuple(t.shape) for t in state.values() if torch.is_tensor(t) and t.numel() > 1)
@@ -254,15 +264,16 @@ def _misfit(saved: dict, model) -> Optional[str]:
     words = dictionary_rows_differ(saved, own)
     if words:
         key, theirs, mine = words
-        return (f"its dictionaries are not this data's: {key.split('.')[0]}'s embedding has {theirs} rows in the "
-                f"checkpoint, {mine} with the dictionaries of this data directory")
+        return Misfit("dictionaries", f"its dictionaries are not this data's: {key.split('.')[0]}'s embedding has "
+                                      f"{theirs} rows in the checkpoint, {mine} with the dictionaries of this data "
+                                      "directory")
     named = [f"{k} has shape {tuple(saved[k].shape)}, this run's {tuple(own[k].shape)}" for k in own
              if torch.is_tensor(saved.get(k)) and tuple(saved[k].shape) != tuple(own[k].shape)]
     if not named:
         extra, lacking = shapes(saved) - shapes(own), shapes(own) - shapes(saved)
         named = [f"tensor shapes differ (it has {dict(extra) or 'none'} that this run does not, and lacks "
                  f"{dict(lacking) or 'none'})"]
-    return "another model: " + "; ".join(named[:3]) + (" ..." if len(named) > 3 else "")
+    return Misfit("shapes", "another model: " + "; ".join(named[:3]) + (" ..." if len(named) > 3 else ""))
 
 
 def read_checkpoint_structure(path: str):
@@ -394,7 +405,7 @@ def inspect_checkpoint(path: str, model=None, need_optimizer_state: bool = True,
     if model is not None:
         misfit = _misfit(state["model"], model)
         if misfit:
-            return ResumeCandidate(path, num_updates, mtime, misfit, misfit=True,
+            return ResumeCandidate(path, num_updates, mtime, misfit.problem, misfit=misfit.kind,
                                    scheme=trained_scheme(state["model"]))
     return ResumeCandidate(path, num_updates, mtime)
 
@@ -497,12 +508,13 @@ def resume_from_this_run(cfg, trainer, **passthrough_args):
         (c for c in rejected if c.misfit and os.path.abspath(c.path) == os.path.abspath(last)), None)
     if foreign:  # before the warnings about each checkpoint: the refusal says it for all of them
         scheme = foreign.scheme
-        words = foreign.problem.startswith("its dictionaries")  # no model setting makes this one
-        differ = [] if words or (scheme and "residual scheme" in foreign.problem) else settings_differ(last, trainer)
+        words = foreign.misfit == "dictionaries"  # no model setting makes this one
+        other_scheme = scheme is not None and foreign.misfit == "scheme"
+        differ = [] if words or other_scheme else settings_differ(last, trainer)
         settings = ("the data directory it was trained on (fairseq-preprocess --destdir), or text binarized with its "
                     "dictionaries (fairseq-preprocess --srcdict/--tgtdict of that directory's dict.*.txt)" if words
                     else f"--residual-scheme {scheme} (model.residual_scheme={scheme})"
-                    if scheme and "residual scheme" in foreign.problem
+                    if other_scheme
                     else resume_settings(differ) + " as it was trained"
                     if differ else "the settings it was trained with")
         problem = foreign.problem if not differ else (

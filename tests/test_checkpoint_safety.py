@@ -350,17 +350,19 @@ def test_fit_check_compares_schemes_and_shapes_without_touching_the_model():
     renamed = {("old." + k if "fc1" in k else k): v for k, v in own.items()}  # names alone do not count
     assert _misfit(renamed, model) is None
     other = dict(own, **{"encoder.residual_scheme_id": torch.tensor(0)})
-    assert _misfit(other, model) == ("its encoder was trained with residual scheme 'post_ln', this run's uses residual "
-                                     "scheme 'pre_ln'")
+    assert _misfit(other, model) == ("scheme", "its encoder was trained with residual scheme 'post_ln', this run's "
+                                     "uses residual scheme 'pre_ln'")
     words = dict(own, **{k: torch.zeros(7, v.shape[1]) for k, v in own.items() if k.endswith("embed_tokens.weight")})
-    assert _misfit(words, model).startswith("its dictionaries are not this data's: encoder's embedding has 7 rows")
+    assert _misfit(words, model).kind == "dictionaries"
+    assert _misfit(words, model).problem.startswith("its dictionaries are not this data's: encoder's embedding has 7 rows")
     deeper = dict(words, **{"encoder.layers.9.fc1.weight": own["encoder.layers.0.fc1.weight"]})  # another depth too
-    assert _misfit(deeper, model).startswith("another model: ")  # not the dictionaries alone
+    assert _misfit(deeper, model).kind == "shapes"  # not the dictionaries alone
+    assert _misfit(deeper, model).problem.startswith("another model: ")
     wider = dict(own, **{"decoder.layers.1.fc2.weight": torch.zeros(64, 32)})
-    assert _misfit(wider, model) == ("another model: decoder.layers.1.fc2.weight has shape (64, 32), "
-                                     "this run's (64, 64)")
+    assert _misfit(wider, model).problem == ("another model: decoder.layers.1.fc2.weight has shape (64, 32), "
+                                             "this run's (64, 64)")
     # a state without fairseq's version keys: fairseq's upgrade would drop the model's final LayerNorm
-    assert _misfit({"w": torch.zeros(3, 3)}, model).startswith("another model: tensor shapes differ")
+    assert _misfit({"w": torch.zeros(3, 3)}, model).problem.startswith("another model: tensor shapes differ")
     assert model.encoder.layer_norm is not None and model.decoder.layer_norm is not None
 
 
