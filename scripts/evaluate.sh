@@ -125,16 +125,20 @@ while [[ $# -gt 0 ]]; do
 done
 
 case "$BENCHMARK" in
-    iwslt14) SRC=de; TGT=en; D_BEAM=5; D_LENPEN=1.0; D_CKPT=best; D_AVG=0; REMOVE_BPE=(--remove-bpe) ;;
-    wmt14)   SRC=en; TGT=de; D_BEAM=4; D_LENPEN=0.6; D_CKPT=last; D_AVG=10; REMOVE_BPE=(--remove-bpe) ;;
-    opus100) SRC=""; TGT=""; D_BEAM=4; D_LENPEN=0.6; D_CKPT=last; D_AVG=0; REMOVE_BPE=(--remove-bpe sentencepiece) ;;
+    iwslt14) D_BEAM=5; D_LENPEN=1.0; D_CKPT=best; D_AVG=0; REMOVE_BPE=(--remove-bpe) ;;
+    wmt14)   D_BEAM=4; D_LENPEN=0.6; D_CKPT=last; D_AVG=10; REMOVE_BPE=(--remove-bpe) ;;
+    opus100) D_BEAM=4; D_LENPEN=0.6; D_CKPT=last; D_AVG=0; REMOVE_BPE=(--remove-bpe sentencepiece) ;;
     "") die "--benchmark is required: iwslt14, wmt14 or opus100" ;;
     *) die "unknown --benchmark '$BENCHMARK': choose iwslt14, wmt14 or opus100" ;;
 esac
+read -r SRC TGT <<< "$(benchmark_langs "$BENCHMARK")"
 SRC="${SRC_OPT:-$SRC}"
 TGT="${TGT_OPT:-$TGT}"
 [[ -n "$RUN_DIR" && -d "$RUN_DIR" ]] || die "--run-dir must be an existing run directory, got '$RUN_DIR'"
 [[ -n "$DATA" && -d "$DATA" ]] || die "--data must be the binarized data directory, got '$DATA'"
+if [[ $BENCHMARK != opus100 ]]; then
+    need_binarized "$DATA" "$SRC" "$TGT" "$SUBSET" "$BENCHMARK"
+fi
 BEAM="${BEAM:-$D_BEAM}"
 LENPEN="${LENPEN:-$D_LENPEN}"
 if [[ -n "$CHECKPOINT" && -z "$AVERAGE" ]]; then AVERAGE=0; fi

@@ -44,6 +44,34 @@ prepare_tools() {
 # library only, no plugin import, a fraction of a second per step)
 prep() { "$PYTHON" "$SCRIPT_DIR/prepare_corpus.py" "$@"; }
 
+# benchmark_langs BENCHMARK: "SRC TGT" of iwslt14 / wmt14 (their configs' task.source_lang / task.target_lang);
+# nothing for opus100, whose directions come from its data directory
+benchmark_langs() {
+    case "$1" in
+        iwslt14) echo "de en" ;;
+        wmt14) echo "en de" ;;
+    esac
+}
+
+# need_binarized DIR SRC TGT SPLIT BENCHMARK: stop unless DIR holds what fairseq-preprocess writes for SRC->TGT
+# with SPLIT (the dictionaries and SPLIT's .idx files, of SRC-TGT or TGT-SRC), naming what is missing, what DIR holds and the
+# benchmark's prepare script, whose output folder --data should be
+need_binarized() {
+    local dir="$1" src="$2" tgt="$3" split="$4" prepare="prepare-$5.sh" f missing=() held
+    [[ $5 == wmt14 ]] && prepare=prepare-wmt14-en-de.sh
+    for f in "dict.$src.txt" "dict.$tgt.txt"; do
+        [[ -f "$dir/$f" ]] || missing+=("$f")
+    done
+    for f in "$src" "$tgt"; do  # fairseq reads a pair binarized either way round (load_langpair_dataset)
+        [[ -f "$dir/$split.$src-$tgt.$f.idx" || -f "$dir/$split.$tgt-$src.$f.idx" ]] || missing+=("$split.$src-$tgt.$f.idx")
+    done
+    (( ${#missing[@]} == 0 )) && return 0
+    held="$(cd "$dir" && find . -mindepth 1 -maxdepth 1 -printf '%f\n' | LC_ALL=C sort | head -n 6 | paste -sd ' ' -)"
+    (( $(find "$dir" -mindepth 1 -maxdepth 1 | wc -l) > 6 )) && held+=" ..."
+    die "--data $dir has no ${missing[*]} (it holds: ${held:-nothing}): give the folder fairseq-preprocess" \
+        "wrote for $src->$tgt (its --destdir; scripts/$prepare writes one)"
+}
+
 # need_fairseq_train HINT: stop unless fairseq-train is on PATH (HINT: how to get it there)
 need_fairseq_train() {
     if ! command -v fairseq-train >/dev/null 2>&1; then

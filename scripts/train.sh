@@ -282,6 +282,13 @@ extra_sets() {  # extra_sets KEY: true if an --extra override assigns KEY
     return 1
 }
 
+# iwslt14 / wmt14: the dictionaries and the training split, unless --extra changes the data or the languages
+if [[ $DRY_RUN == 0 && $BENCHMARK != opus100 ]] && ! extra_sets task.data && ! extra_sets task.source_lang \
+        && ! extra_sets task.target_lang && ! extra_sets dataset.train_subset; then
+    read -r src tgt <<< "$(benchmark_langs "$BENCHMARK")"
+    need_binarized "$DATA" "$src" "$tgt" train "$BENCHMARK"
+fi
+
 # OPUS-100: language list and pairs from the data directory (scripts/prepare-opus100.sh)
 OPUS_OVERRIDES=()
 if [[ $BENCHMARK == opus100 ]]; then

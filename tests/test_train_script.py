@@ -346,3 +346,22 @@ def test_paths_hydra_or_fairseq_cannot_take_are_refused_before_anything_is_made(
     assert proc.returncode == 2 and message in proc.stdout and data in proc.stdout
     assert not (tmp_path / "runs").exists()
 
+
+
+def test_a_data_folder_without_the_benchmarks_files_is_refused_before_anything_is_made(tmp_path):
+    """train.sh (the training split) and evaluate.sh (the evaluated one) name the files fairseq-preprocess writes
+    that --data lacks, what it holds, and the prepare script whose output it should be."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "dict.en.txt").write_text("")
+    proc = run_script([TRAIN, "--benchmark", "wmt14", "--data", data, "--save-root", tmp_path / "runs"], check=False)
+    assert proc.returncode == 2 and not (tmp_path / "runs").exists()
+    assert (f"--data {data} has no dict.de.txt train.en-de.en.idx train.en-de.de.idx (it holds: dict.en.txt): give "
+            "the folder fairseq-preprocess wrote for en->de (its --destdir; scripts/prepare-wmt14-en-de.sh writes one)"
+            in proc.stdout)
+    (tmp_path / "run").mkdir()
+    proc = run_script([SCRIPTS / "evaluate.sh", "--benchmark", "iwslt14", "--data", data, "--run-dir",
+                       tmp_path / "run", "--subset", "valid"], check=False)
+    assert proc.returncode == 2
+    assert f"has no dict.de.txt valid.de-en.de.idx valid.de-en.en.idx (it holds: dict.en.txt)" in proc.stdout
+    assert "scripts/prepare-iwslt14.sh" in proc.stdout
