@@ -305,10 +305,10 @@ _SHAPELESS = re.compile(r".*(dropout|layerdrop|quant_noise.*|checkpoint_activati
                         r"min_params_to_wrap|tpu)$")
 
 
-def settings_differ(path: str, trainer, limit: int = 6):
+def settings_differ(path: str, trainer, limit: Optional[int] = 6):
     """The model settings (keys of :meth:`ResidualTransformerModel.known_model_keys`, less those that shape no
     tensor, such as dropout) in which the checkpoint ``path`` was trained otherwise than ``trainer``'s run, as
-    ``(key, theirs, this run's)``, at most ``limit`` (layers and widths first); ``[]`` when the file cannot be
+    ``(key, theirs, this run's)``, at most ``limit`` (None: all; layers and widths first); ``[]`` when the file cannot be
     read with the safe loader (``torch.load(weights_only=True)``, fairseq's types allow-listed) or saved no model
     settings."""
     from .model import ResidualTransformerModel
@@ -331,7 +331,39 @@ def settings_differ(path: str, trainer, limit: int = 6):
         if (theirs is not missing and ours is not missing and theirs != ours and not key.startswith("_")
                 and not _SHAPELESS.fullmatch(key)):
             found.append((key, theirs, ours))
-    return found[:limit]
+    return found if limit is None else found[:limit]
+
+
+def trained_arch(path: str, trainer, differ):
+    """Where the checkpoint ``path`` was trained under another ``--arch`` (``model._name``) than ``trainer``'s
+    run: ``(its arch, this run's arch, the settings of ``differ`` its arch's defaults do not give)``, so that
+    resuming names the preset first and only what was set beside it; None where the archs agree, either is
+    unknown, or the file cannot be read with the safe loader.
+
+    An arch's defaults are what fairseq's registered arch function (``ARCH_CONFIG_REGISTRY``) fills into an empty
+    namespace, as fairseq-train does for the model settings not given on its command line."""
+    import argparse
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    try:
+        state = read_checkpoint_structure(path)
+        saved = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
+    except Exception:  # noqa: BLE001 - only advice is lost: the refusal itself stands
+        return None
+    mine = getattr(getattr(trainer, "cfg", None), "model", None)
+    theirs_arch = getattr(saved, "_name", None) or getattr(saved, "arch", None)
+    my_arch = getattr(mine, "_name", None) or getattr(mine, "arch", None)
+    if not theirs_arch or not my_arch or theirs_arch == my_arch or theirs_arch not in ARCH_CONFIG_REGISTRY:
+        return None
+    defaults = argparse.Namespace()
+    try:
+        ARCH_CONFIG_REGISTRY[theirs_arch](defaults)
+    except Exception:  # noqa: BLE001 - an arch function that needs more than a namespace: no advice by preset
+        return None
+    missing = object()
+    beside = [(key, theirs, ours) for key, theirs, ours in differ if getattr(defaults, key, missing) != theirs]
+    return theirs_arch, my_arch, beside
 
 
 def resume_settings(differ) -> str:
@@ -510,15 +542,24 @@ def resume_from_this_run(cfg, trainer, **passthrough_args):
         scheme = foreign.scheme
         words = foreign.misfit == "dictionaries"  # no model setting makes this one
         other_scheme = scheme is not None and foreign.misfit == "scheme"
-        differ = [] if words or other_scheme else settings_differ(last, trainer)
-        settings = ("the data directory it was trained on (fairseq-preprocess --destdir), or text binarized with its "
-                    "dictionaries (fairseq-preprocess --srcdict/--tgtdict of that directory's dict.*.txt)" if words
-                    else f"--residual-scheme {scheme} (model.residual_scheme={scheme})"
-                    if other_scheme
-                    else resume_settings(differ) + " as it was trained"
-                    if differ else "the settings it was trained with")
-        problem = foreign.problem if not differ else (
-            "it was trained with " + ", ".join(f"{k} {v} (this run: {mine})" for k, v, mine in differ))
+        differ = [] if words or other_scheme else settings_differ(last, trainer, limit=None)
+        preset = trained_arch(last, trainer, differ) if differ else None
+        differ = differ[:6]
+        if preset:
+            preset = (preset[0], preset[1], preset[2][:6])
+        if preset:  # a preset's settings: its name, then what was set beside it
+            arch = f"model._name={preset[0]}" if in_hydra_train() else f"--arch {preset[0]}"
+            settings = " ".join([arch] + ([resume_settings(preset[2])] if preset[2] else [])) + " as it was trained"
+        else:
+            settings = ("the data directory it was trained on (fairseq-preprocess --destdir), or text binarized with "
+                        "its dictionaries (fairseq-preprocess --srcdict/--tgtdict of that directory's dict.*.txt)"
+                        if words else f"--residual-scheme {scheme} (model.residual_scheme={scheme})"
+                        if other_scheme
+                        else resume_settings(differ) + " as it was trained"
+                        if differ else "the settings it was trained with")
+        problem = foreign.problem if not differ else "it was trained with " + ", ".join(
+            ([f"--arch {preset[0]} (this run: {preset[1]})"] if preset else [])
+            + [f"{k} {v} (this run: {mine})" for k, v, mine in differ])
         sweep = (" In a sweep (fairseq-hydra-train -m), give each job its own folder by interpolating the keys it "
                  "varies, e.g. 'checkpoint.save_dir=/path/to/sweep/${model.residual_scheme}'"
                  if in_hydra_sweep() else "")

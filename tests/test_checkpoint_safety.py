@@ -456,6 +456,15 @@ def test_a_save_dir_of_other_sizes_names_the_settings(foreign_checkpoints, tiny_
                      r"decoder_ffn_embed_dim 32 \(this run: 64\), encoder_ffn_embed_dim 32 \(this run: 64\); .* "
                      r"Resume with --decoder-ffn-embed-dim 32 --encoder-ffn-embed-dim 32 as it was trained, or point "
                      r"--save-dir", message), message
+    # under another preset (every width and depth differs): the preset it was trained with, then what was set beside
+    bigger = [a if a != "residual_transformer_tiny" else "residual_transformer_iwslt_de_en" for a in TRAIN]
+    with pytest.raises(AssertionError) as raised:
+        fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 5, *bigger)
+    message = str(raised.value).split("\n")[0]
+    assert re.search(r"it was trained with --arch residual_transformer_tiny \(this run: residual_transformer_iwslt_de_en\), "
+                     r"decoder_embed_dim 64 \(this run: 256\), .*; .* Resume with --arch residual_transformer_tiny "
+                     r"--decoder-ffn-embed-dim 32 --encoder-ffn-embed-dim 32 as it was trained, or point --save-dir",
+                     message), message
 
 
 def test_a_save_dir_trained_on_other_dictionaries_names_the_data(trained_save_dir, tiny_data_bin, tmp_path):
