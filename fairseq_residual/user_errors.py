@@ -259,15 +259,31 @@ def user_message(exc: BaseException):
 
 def closest(name: str, known, cutoff: float = 0.6):
     """The name of ``known`` closest to ``name`` (a misspelt option or key), or None (difflib's ratio below
-    ``cutoff``); compared without case (``Pre_LN`` is ``pre_ln``, which difflib's ratio of 0.5 would miss)."""
+    ``cutoff``); compared without case (``Pre_LN`` is ``pre_ln``, which difflib's ratio of 0.5 would miss).
+    Among the names above the cutoff, the fewest typing edits win (:func:`edits`: ``adma`` is one swap from
+    ``adam``, which difflib's ratio ranks below ``adamax``), then difflib's ratio."""
     import difflib
 
     known = list(known)
     by_lower = {}
     for k in known:
         by_lower.setdefault(k.lower(), k)
-    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=cutoff)
-    return by_lower[close[0]] if close else None
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=5, cutoff=cutoff)
+    if not close:
+        return None
+    return by_lower[min(close, key=lambda k: (edits(name.lower(), k), close.index(k)))]
+
+
+def edits(a: str, b: str) -> int:
+    """The number of one-character insertions, deletions, substitutions and swaps of neighbours that turn ``a``
+    into ``b`` (the optimal string alignment distance, Damerau's variant of Levenshtein's)."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]
 
 
 def long_options(parser):

@@ -779,6 +779,10 @@ def test_an_unknown_scheme_names_the_closest():
 
     # case alone (argparse's invalid choice, --residual-scheme Pre_LN): difflib's ratio is 0.5
     assert closest("Pre_LN", ["post_ln", "pre_ln"]) == "pre_ln" and closest("ZZZ", ["post_ln"]) is None
+    # two letters swapped: one edit from adam, two from adamax (difflib's ratio alone prefers adamax, 0.8 to 0.75)
+    optimizers = ["adadelta", "adafactor", "adagrad", "adam", "adamax", "sgd"]
+    assert closest("adma", optimizers) == "adam" and closest("adamx", optimizers) == "adamax"
+    assert closest("lamb", ["lamb"]) == "lamb"
 
 
 def test_fairseq_train_without_an_arch_is_named():
