@@ -274,6 +274,10 @@ def test_a_data_directory_without_its_splits_or_with_one_cut_short_is_named(tiny
     with pytest.raises(AssertionError, match=r"has no 'valid1' split .*: binarize it with a second, comma-separated "
                                              r"fairseq-preprocess --validpref"):
         fairseq_main("fairseq-train", dicts, "-s", "src", "-t", "tgt", *train, "--valid-subset", "valid1")
+    with pytest.raises(AssertionError, match=r"has no 'valid' split \(<split>.<src>-<tgt>.<lang>, text \(--dataset-impl "
+                                             r"raw\); .*\): binarize it with fairseq-preprocess --validpref, with "
+                                             r"--dataset-impl raw, or choose"):
+        fairseq_main("fairseq-train", dicts, "-s", "src", "-t", "tgt", *train, "--dataset-impl", "raw")
     cut = tmp_path / "cut"
     shutil.copytree(data_bin, cut)
     binary = cut / "train.src-tgt.src.bin"
