@@ -10,11 +10,11 @@ On the valid split, dropout off (eval mode), it prints:
 
 1. valid nll in bits per target token (the report's 5.450 for this cell), and with every target paired with
    another sentence's source (sources rolled by one within each batch): how much the model reads its source;
-2. per stack, the RMS over tokens of each stored output X_j (MUDDFormer, arXiv 2502.12170, eq. 3-6: X_0 the
+2. per stack, the RMS over positions (padding included) of each stored output X_j (MUDDFormer, arXiv 2502.12170, eq. 3-6: X_0 the
    embedding output, X_i the output of layer i), mean over batches, and its largest entry in absolute value
    (fp16's largest finite value is 65,504);
 3. the encoder's last mix (the encoder output's X^r = sum_j c_j X_j before the final LayerNorm): each term's
-   share of sum_j |c_j X_j| per token, mean over tokens, and the valid nll with groups of terms zeroed.
+   share of sum_j |c_j X_j| per position, mean over positions (padding included), and the valid nll with groups of terms zeroed.
 """
 import math
 import sys
