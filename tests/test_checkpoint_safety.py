@@ -439,6 +439,13 @@ def test_a_save_dir_of_another_scheme_is_refused_with_its_reason(foreign_checkpo
     assert sorted(os.listdir(save)) == ["checkpoint_1_6.pt", "checkpoint_last.pt"]
 
 
+def _refusal(data_bin, save, *flags):
+    """The first line of the error fairseq-train ends on, resuming in ``save`` on ``data_bin`` with ``flags``."""
+    with pytest.raises(AssertionError) as raised:
+        fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 5, *flags)
+    return str(raised.value).split("\n")[0]
+
+
 def test_a_save_dir_of_other_sizes_names_the_settings(foreign_checkpoints, tiny_data_bin, tmp_path):
     """Resuming with another size (here the FFN width) in a save dir of the other size: the refusal names the
     setting, the checkpoint's value and this run's, and resuming with it, not only the tensors' shapes."""
@@ -448,9 +455,7 @@ def test_a_save_dir_of_other_sizes_names_the_settings(foreign_checkpoints, tiny_
     save = tmp_path / "ckpt"
     save.mkdir()
     shutil.copyfile(foreign_checkpoints["shape"], save / "checkpoint_last.pt")  # --encoder-ffn-embed-dim 32
-    with pytest.raises(AssertionError) as raised:
-        fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 5, *TRAIN)
-    message = str(raised.value).split("\n")[0]
+    message = _refusal(data_bin, save, *TRAIN)
     # the preset's decoder FFN follows the encoder's: both differ
     assert re.search(r"checkpoint_last\.pt is not a checkpoint of this run's model: it was trained with "
                      r"decoder_ffn_embed_dim 32 \(this run: 64\), encoder_ffn_embed_dim 32 \(this run: 64\); .* "
@@ -458,9 +463,7 @@ def test_a_save_dir_of_other_sizes_names_the_settings(foreign_checkpoints, tiny_
                      r"--save-dir", message), message
     # under another preset (every width and depth differs): the preset it was trained with, then what was set beside
     bigger = [a if a != "residual_transformer_tiny" else "residual_transformer_iwslt_de_en" for a in TRAIN]
-    with pytest.raises(AssertionError) as raised:
-        fairseq_main("fairseq-train", data_bin, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 5, *bigger)
-    message = str(raised.value).split("\n")[0]
+    message = _refusal(data_bin, save, *bigger)
     assert re.search(r"it was trained with --arch residual_transformer_tiny \(this run: residual_transformer_iwslt_de_en\), "
                      r"decoder_embed_dim 64 \(this run: 256\), .*; .* Resume with --arch residual_transformer_tiny "
                      r"--decoder-ffn-embed-dim 32 --encoder-ffn-embed-dim 32 as it was trained, or point --save-dir",
@@ -479,9 +482,7 @@ def test_a_save_dir_trained_on_other_dictionaries_names_the_data(trained_save_di
                  "--workers", "1")
     save = tmp_path / "ckpt"
     shutil.copytree(trained_save_dir, save)
-    with pytest.raises(AssertionError) as raised:
-        fairseq_main("fairseq-train", other, "--user-dir", USER_DIR, "--save-dir", save, "--max-update", 5, *TRAIN)
-    message = str(raised.value).split("\n")[0]
+    message = _refusal(other, save, *TRAIN)
     assert re.search(r"checkpoint_last\.pt is not a checkpoint of this run's model: its dictionaries are not this "
                      r"data's: encoder's embedding has \d+ rows in the checkpoint, 16 with the dictionaries of this data "
                      r"directory; .* Resume with the data directory it was trained on \(fairseq-preprocess --destdir\)",
