@@ -552,6 +552,10 @@ def test_bad_input_messages(trained, data, tmp_path, capsys):
     assert err.startswith("fairseq-residual-analyze: error: argument --residual-scheme: invalid choice: 'resi-dual' "
                           "(choose from 'post_ln', ") and err.count("\n") == 1, err
     assert err.endswith("'all') (did you mean resi_dual?); fairseq-residual-analyze --help lists the options\n")
+    with pytest.raises(SystemExit):  # the data directory after --checkpoint, which takes several paths
+        main(["--checkpoint", trained[0], data])
+    assert (f"no data directory: --checkpoint takes several paths and took {data}, a folder, as one; put the data "
+            f"directory first" in capsys.readouterr().err)
     # a checkpoint is measured in its own direction, whichever way DATA's files are named, and the report says which
     state["cfg"]["task"]["source_lang"], state["cfg"]["task"]["target_lang"] = "en", "de"
     torch.save(state, tmp_path / "en-de.pt")  # an en->de model on these de-en files (a joined dictionary)
@@ -572,3 +576,42 @@ def test_the_summary_says_what_a_missing_gradient_ratio_means():
     lines = summary_table([run(None)]).splitlines()
     assert lines[1].split()[2] == "-" and lines[-1].startswith("(grad L1/top '-': the top layer's gradient norm is 0")
     assert len(summary_table([run(0.5)]).splitlines()) == 2  # every ratio measured: no note
+
+
+def test_a_checkpoint_without_a_recorded_direction_is_measured_in_the_one_it_was_trained(trained, data, tmp_path,
+                                                                                          caplog, capsys):
+    """fairseq-train without -s/-t records no direction: the tool takes the one fairseq inferred from the data the
+    checkpoint was trained on (here de-en), on a copy of the data named en-de too; where that folder is gone,
+    --source-lang/--target-lang, else DATA's naming with a warning. Data whose dictionary has the same size but
+    other words (two lines swapped) is refused, not measured."""
+    import shutil
+
+    from fairseq_residual.analyze import main
+
+    assert torch.load(trained[0], map_location="cpu", weights_only=False)["cfg"]["task"]["source_lang"] is None
+    reverse = tmp_path / "en-de"
+    reverse.mkdir()
+    for f in os.listdir(data):
+        shutil.copy(os.path.join(data, f), reverse / f.replace(".de-en.", ".en-de."))
+
+    def measured(*argv):
+        assert main([str(reverse), *argv, "--no-plots", "--output-dir", str(tmp_path / "out")]) == 0
+        report = json.loads((tmp_path / "out" / "analysis.json").read_text())
+        return report["models"][0]["source_lang"], report["models"][0]["target_lang"]
+
+    assert measured("--checkpoint", trained[0]) == ("de", "en")
+    state = torch.load(trained[0], map_location="cpu", weights_only=False)
+    state["cfg"]["task"]["data"] = str(tmp_path / "gone")
+    torch.save(state, tmp_path / "gone.pt")
+    assert measured("--checkpoint", str(tmp_path / "gone.pt"), "--source-lang", "de", "--target-lang", "en") == ("de", "en")
+    with caplog.at_level("WARNING"):
+        assert measured("--checkpoint", str(tmp_path / "gone.pt")) == ("en", "de")
+    assert "does not record its direction" in caplog.text and "pass --source-lang/--target-lang" in caplog.text
+    words = (reverse / "dict.en.txt").read_text().splitlines(keepends=True)
+    words[0], words[1] = words[1], words[0]
+    (reverse / "dict.en.txt").write_text("".join(words))
+    capsys.readouterr()
+    assert main([str(reverse), "--checkpoint", trained[0], "--output-dir", str(tmp_path / "o2")]) == 2
+    assert (f"was trained on {data}, whose dict.en.txt differs from {reverse / 'dict.en.txt'}"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "o2").exists()

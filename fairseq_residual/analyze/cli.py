@@ -33,7 +33,7 @@ def build_parser():
         epilog="Definitions and the --resi-dual-scale rule: python -c 'import fairseq_residual."
         "analyze as a; help(a)', or docs/analysis.md.",
     )
-    p.add_argument("data", help="binarized data directory (fairseq-preprocess --destdir)")
+    p.add_argument("data", nargs="?", help="binarized data directory (fairseq-preprocess --destdir)")
     p.add_argument("--subset", default="valid", help="subset to draw batches from (default: valid)")
     p.add_argument("-s", "--source-lang", help="source language (default: inferred from DATA)")
     p.add_argument("-t", "--target-lang", help="target language (default: inferred from DATA)")
@@ -305,6 +305,11 @@ def main(argv=None):
     parser = build_parser()
     one_line_error(parser)  # a wrong choice on one line with the closest one, as in fairseq's tools
     args, extra = parser.parse_known_args(argv)
+    if args.data is None:  # optional for argparse only so that this can say where it went
+        last = (args.checkpoint or [None])[-1]
+        parser.error(f"no data directory: --checkpoint takes several paths and took {last}, a folder, as one; put "
+                     f"the data directory first ({PROG} {last} --checkpoint ...)" if last and os.path.isdir(last)
+                     else "the following arguments are required: data")
     extra = [a for a in extra if a != "--"]  # "--" may separate the fairseq options
     with _tool_logging(args.verbose):
         try:

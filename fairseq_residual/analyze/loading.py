@@ -1,5 +1,7 @@
 """Input checks and loading for ``fairseq-residual-analyze``: the data directory, a fresh model built
 from fairseq-train arguments or a checkpoint, batches of a subset, the criterion."""
+import filecmp
+import logging
 import os
 from argparse import Namespace
 
@@ -9,6 +11,8 @@ from ..schemes import SCHEME_NAMES as SCHEMES
 from ..schemes import scheme_by_id
 from ..user_errors import UserInputError, closest, long_options
 from .common import ALL, PKG_DIR, POST_LN, PRE_LN, STACKS, AnalyzeError
+
+logger = logging.getLogger("fairseq_residual.analyze")
 
 # ---------------------------------------------------------------------------------------------
 # input checks and model / data loading
@@ -154,8 +158,11 @@ def load_checkpoint_model(path, data, scheme=None, langs=None):
         path: checkpoint file written by fairseq-train.
         data: binarized data directory (its dictionaries must be the checkpoint's).
         scheme: the scheme the user expects (``--residual-scheme``), or None / ``all`` for any.
-        langs: ``(source, target)`` the user typed (``--source-lang``/``--target-lang``), or None: the task reads
-            the checkpoint's own direction from ``data`` otherwise (fairseq takes either file naming).
+        langs: ``(source, target)`` the user typed (``--source-lang``/``--target-lang``), or None. The model is
+            measured in its own direction, whichever way ``data``'s files are named (fairseq reads either): the
+            one its checkpoint records, else (trained without ``-s``/``-t``) the one fairseq inferred from the
+            file names of the data it was trained on, where that folder still exists, else ``langs``, else
+            ``data``'s, with a warning.
 
     Returns:
         ``(model, task, scheme)``.
@@ -163,7 +170,8 @@ def load_checkpoint_model(path, data, scheme=None, langs=None):
     Raises:
         AnalyzeError: missing or unreadable file, scheme mismatch, a model of another direction than ``langs``
             (a joined dictionary binarizes both directions alike, so the shapes would not tell), dictionaries
-            that do not fit.
+            that do not fit, or that differ in content from those of the data it was trained on where that
+            folder still exists.
     """
     from fairseq import checkpoint_utils, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -203,14 +211,32 @@ def load_checkpoint_model(path, data, scheme=None, langs=None):
     if cfg is None:
         cfg = convert_namespace_to_omegaconf(state["args"])
     trained = (getattr(cfg.task, "source_lang", None), getattr(cfg.task, "target_lang", None))
+    from fairseq import utils
+
+    origin = utils.split_paths(str(getattr(cfg.task, "data", "") or ""))[0]  # the data it was trained on
+    origin = origin if origin and os.path.isdir(origin) else None
+    if not all(trained) and origin:  # trained without -s/-t: fairseq inferred the pair from its data's file names
+        from fairseq.data import data_utils
+
+        inferred = data_utils.infer_language_pair(origin)
+        trained = inferred if all(inferred) else trained
     if langs is not None and all(trained) and tuple(trained) != tuple(langs):
         raise AnalyzeError(
             f"checkpoint {path} was trained {trained[0]}->{trained[1]}, but --source-lang/--target-lang ask for "
             f"{langs[0]}->{langs[1]}: drop them (a checkpoint is measured in its own direction) or pass "
             f"--source-lang {trained[0]} --target-lang {trained[1]}"
         )
+    direction = tuple(trained) if all(trained) else tuple(langs) if langs is not None else None
+    if direction is None:
+        logger.warning(f"checkpoint {path} does not record its direction (trained without --source-lang/"
+                       f"--target-lang, and its data directory is gone): measured in the direction {data}'s file "
+                       f"names give; if it was trained the other way, pass --source-lang/--target-lang")
+    if origin and os.path.realpath(origin) != os.path.realpath(data):
+        _check_same_dictionaries(path, origin, data, direction)
     with open_dict(cfg):
         cfg.task.data = os.path.abspath(data)
+        if direction is not None:
+            cfg.task.source_lang, cfg.task.target_lang = direction
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
     try:
@@ -223,6 +249,26 @@ def load_checkpoint_model(path, data, scheme=None, langs=None):
             f"pass the data directory the checkpoint was trained on (same dictionaries)"
         )
     return model, task, saved
+
+
+def _check_same_dictionaries(path, origin, data, direction):
+    """Refuse ``data`` whose dictionaries differ in content from those of ``origin``, the folder the checkpoint
+    ``path`` was trained on (fairseq's checkpoints hold no dictionary: a dictionary of the same size but other
+    words loads without an error and measures nonsense). Only the ``dict.<lang>.txt`` of ``direction`` (all of
+    them when it is None) that both folders hold are compared.
+
+    Raises:
+        AnalyzeError: naming the first dictionary that differs and the fixes.
+    """
+    names = ([f"dict.{lang}.txt" for lang in direction] if direction else
+             sorted(n for n in os.listdir(origin) if n.startswith("dict.") and n.endswith(".txt")))
+    for name in names:
+        theirs, ours = os.path.join(origin, name), os.path.join(data, name)
+        if os.path.isfile(theirs) and os.path.isfile(ours) and not filecmp.cmp(theirs, ours, shallow=False):
+            raise AnalyzeError(
+                f"checkpoint {path} was trained on {origin}, whose {name} differs from {ours} (the same size or "
+                f"not, other words get other rows): pass {origin}, or data binarized with its dictionaries "
+                f"(fairseq-preprocess --srcdict/--tgtdict of {origin}'s dict.*.txt)")
 
 
 def load_batches(task, model, subset, num_batches, max_tokens=4096, max_sentences=None, seed=1):
