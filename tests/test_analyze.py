@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from fairseq_residual.schemes import SCHEMES as SCHEME_REGISTRY
+from fairseq_residual.schemes import get_scheme
 from inprocess import fairseq_main
 from process_guard import slow_fixture
 
@@ -552,6 +553,14 @@ def test_bad_input_messages(trained, data, tmp_path, capsys):
     assert err.startswith("fairseq-residual-analyze: error: argument --residual-scheme: invalid choice: 'resi-dual' "
                           "(choose from 'post_ln', ") and err.count("\n") == 1, err
     assert err.endswith("'all') (did you mean resi_dual?); fairseq-residual-analyze --help lists the options\n")
+    other = torch.load(trained[0], map_location="cpu", weights_only=False)  # a list of two schemes: named first
+    other["model"]["encoder.residual_scheme_id"] = torch.tensor(get_scheme("pre_ln").scheme_id)
+    torch.save(other, tmp_path / "pre.pt")
+    assert main([data, "--checkpoint", trained[0], str(tmp_path / "pre.pt"), "--residual-scheme", "post_ln",
+                 "--output-dir", str(tmp_path / "mixed")]) == 2
+    assert (f"--residual-scheme post_ln was given, but {tmp_path / 'pre.pt'} was trained with pre_ln: drop "
+            f"--residual-scheme (each checkpoint's scheme is read from it)\n" in capsys.readouterr().err)
+    assert not (tmp_path / "mixed").exists()
     with pytest.raises(SystemExit):  # the data directory after --checkpoint, which takes several paths
         main(["--checkpoint", trained[0], data])
     assert (f"no data directory: --checkpoint takes several paths and took {data}, a folder, as one; put the data "

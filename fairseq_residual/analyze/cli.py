@@ -81,7 +81,8 @@ def _check_args(args, extra, own_options=()):
     if args.max_tokens is not None and args.max_tokens < 1:
         raise AnalyzeError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if not 0 < args.fp16_safety <= 1:
-        raise AnalyzeError(f"--fp16-safety must be in (0, 1], got {args.fp16_safety}")
+        raise AnalyzeError(f"--fp16-safety must be in (0, 1], got {args.fp16_safety}: the fraction of 65504 a sum may "
+                           f"reach (default 0.1)")
     fresh_only = [f"--{k.replace('_', '-')}" for k in ("arch", "layers", "embed_dim", "ffn_dim", "heads")
                   if getattr(args, k) is not None]
     if args.checkpoint:
@@ -131,6 +132,7 @@ def run(args, extra=(), argv=None):
         for path in args.checkpoint:
             if not os.path.isfile(path):
                 load_checkpoint_model(path, args.data, args.residual_scheme, typed_langs)  # raises the message
+        _check_schemes(args.checkpoint, args.residual_scheme)
         for path in args.checkpoint:
             models.append(("checkpoint", path))
     else:
@@ -218,6 +220,34 @@ def run(args, extra=(), argv=None):
     print(summary_table(runs, args.fp16_safety))
     print(f"wrote {path}" + (f" and {len(plots)} plots ({', '.join(report['plots'])})" if plots else ""))
     return report
+
+
+def _check_schemes(paths, expected):
+    """Before any is measured: several checkpoints of which some were not trained with ``--residual-scheme
+    expected`` (one checkpoint: :func:`.loading.load_checkpoint_model` says it). Files the safe loader cannot read
+    are left to that function's messages.
+
+    Raises:
+        AnalyzeError: naming each checkpoint of another scheme, and the fix for several schemes.
+    """
+    from ..checkpoint_safety import read_checkpoint_structure
+    from .loading import checkpoint_scheme
+
+    if expected in (None, ALL) or len(paths) < 2:
+        return
+    trained = {}
+    for path in paths:
+        try:
+            trained[path] = checkpoint_scheme(read_checkpoint_structure(path))
+        except Exception:  # noqa: BLE001 - unreadable here: load_checkpoint_model names what it is
+            continue
+    other = {path: scheme for path, scheme in trained.items() if scheme != expected}
+    if other:
+        schemes = set(trained.values())
+        fix = (f"drop --residual-scheme (each checkpoint's scheme is read from it)" +
+               (f" or pass --residual-scheme {schemes.pop()}" if len(schemes) == 1 else ""))
+        raise AnalyzeError(f"--residual-scheme {expected} was given, but " + ", ".join(
+            f"{path} was trained with {scheme}" for path, scheme in other.items()) + f": {fix}")
 
 
 def summary_table(runs, fp16_safety=0.1):
