@@ -341,7 +341,8 @@ class MuddFormer(ResidualScheme):
               "fairseq's key/value cache (the mixes are per position, recomputed in each step).")
     fp16_advice = ("train in bf16 or fp32: its learned mix coefficients have no bound, and its encoder's stored outputs "
                    "grew past fp16's range in training (largest entry 4.3 million after 3,000 updates at 12+12, width "
-                   "64, rate 4e-3; 146,000 after 1,000); the mixes are accumulated in fp32 and rounded once")
+                   "64, rate 4e-3; 146,000 after 1,000; one fp32 run each); short runs stay far below it, so a "
+                   "checkpoint's running sums (fairseq-residual-analyze) say where a run stands, not where it ends")
     normalize_before = True
     layerdrop = False
     no_layerdrop_reason = "a dropped layer would shift the indices j of X_j and of the dense connections"
