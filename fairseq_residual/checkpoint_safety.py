@@ -313,11 +313,7 @@ def settings_differ(path: str, trainer, limit: Optional[int] = 6):
     settings."""
     from .model import ResidualTransformerModel
 
-    try:
-        state = read_checkpoint_structure(path)
-        saved = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
-    except Exception:  # noqa: BLE001 - only an explanation is lost: the refusal itself stands
-        return []
+    saved = _saved_model_settings(path)
     mine = getattr(getattr(trainer, "cfg", None), "model", None)
     if saved is None or mine is None:
         return []
@@ -334,6 +330,16 @@ def settings_differ(path: str, trainer, limit: Optional[int] = 6):
     return found if limit is None else found[:limit]
 
 
+def _saved_model_settings(path: str):
+    """The model settings a checkpoint was trained with (``cfg.model``, or a legacy one's ``args``), read with the
+    safe loader; None where it cannot be read so (only an explanation is lost: the refusal itself stands)."""
+    try:
+        state = read_checkpoint_structure(path)
+        return state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def trained_arch(path: str, trainer, differ):
     """Where the checkpoint ``path`` was trained under another ``--arch`` (``model._name``) than ``trainer``'s
     run: ``(its arch, this run's arch, the settings of ``differ`` its arch's defaults do not give)``, so that
@@ -346,11 +352,7 @@ def trained_arch(path: str, trainer, differ):
 
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
-    try:
-        state = read_checkpoint_structure(path)
-        saved = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
-    except Exception:  # noqa: BLE001 - only advice is lost: the refusal itself stands
-        return None
+    saved = _saved_model_settings(path)
     mine = getattr(getattr(trainer, "cfg", None), "model", None)
     theirs_arch = getattr(saved, "_name", None) or getattr(saved, "arch", None)
     my_arch = getattr(mine, "_name", None) or getattr(mine, "arch", None)
@@ -542,14 +544,12 @@ def resume_from_this_run(cfg, trainer, **passthrough_args):
         scheme = foreign.scheme
         words = foreign.misfit == "dictionaries"  # no model setting makes this one
         other_scheme = scheme is not None and foreign.misfit == "scheme"
-        differ = [] if words or other_scheme else settings_differ(last, trainer, limit=None)
-        preset = trained_arch(last, trainer, differ) if differ else None
-        differ = differ[:6]
-        if preset:
-            preset = (preset[0], preset[1], preset[2][:6])
+        every = [] if words or other_scheme else settings_differ(last, trainer, limit=None)
+        preset = trained_arch(last, trainer, every) if every else None
+        differ = every[:6]
         if preset:  # a preset's settings: its name, then what was set beside it
             arch = f"model._name={preset[0]}" if in_hydra_train() else f"--arch {preset[0]}"
-            settings = " ".join([arch] + ([resume_settings(preset[2])] if preset[2] else [])) + " as it was trained"
+            settings = " ".join([arch] + ([resume_settings(preset[2][:6])] if preset[2] else [])) + " as it was trained"
         else:
             settings = ("the data directory it was trained on (fairseq-preprocess --destdir), or text binarized with "
                         "its dictionaries (fairseq-preprocess --srcdict/--tgtdict of that directory's dict.*.txt)"

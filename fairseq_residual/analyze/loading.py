@@ -173,7 +173,8 @@ def load_checkpoint_model(path, data, scheme=None, langs=None):
             that do not fit, or that differ in content from those of the data it was trained on where that
             folder still exists.
     """
-    from fairseq import checkpoint_utils, tasks
+    from fairseq import checkpoint_utils, tasks, utils
+    from fairseq.data import data_utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from omegaconf import open_dict
 
@@ -211,13 +212,9 @@ def load_checkpoint_model(path, data, scheme=None, langs=None):
     if cfg is None:
         cfg = convert_namespace_to_omegaconf(state["args"])
     trained = (getattr(cfg.task, "source_lang", None), getattr(cfg.task, "target_lang", None))
-    from fairseq import utils
-
     origin = utils.split_paths(str(getattr(cfg.task, "data", "") or ""))[0]  # the data it was trained on
     origin = origin if origin and os.path.isdir(origin) else None
     if not all(trained) and origin:  # trained without -s/-t: fairseq inferred the pair from its data's file names
-        from fairseq.data import data_utils
-
         inferred = data_utils.infer_language_pair(origin)
         trained = inferred if all(inferred) else trained
     if langs is not None and all(trained) and tuple(trained) != tuple(langs):
