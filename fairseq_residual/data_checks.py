@@ -89,9 +89,9 @@ def _wrap_load_dataset(load_dataset):
                    else "a second, comma-separated fairseq-preprocess --validpref (it writes valid1, valid2, ...)"
                    if split.rstrip("0123456789") == "valid" and split != "valid"
                    else "fairseq-preprocess, whose --trainpref / --validpref / --testpref write train, valid, test")
-            files = ("<split>.<src>-<tgt>.<lang>, text (--dataset-impl raw)"
-                     if getattr(self.cfg, "dataset_impl", None) == "raw" else "<split>.<src>-<tgt>.<lang>.bin and .idx")
-            how = how if getattr(self.cfg, "dataset_impl", None) != "raw" else how + ", with --dataset-impl raw"
+            raw = getattr(self.cfg, "dataset_impl", None) == "raw"
+            files = "<split>.<src>-<tgt>.<lang>, text (--dataset-impl raw)" if raw else "<split>.<src>-<tgt>.<lang>.bin and .idx"
+            how = how + ", with --dataset-impl raw" if raw else how
             raise DataDirectoryError(
                 f"data directory {folder or self.cfg.data} has no '{split}' split ({files}; it holds: "
                 f"{_shown(held)}): binarize it with {how}, or choose a split it has (--valid-subset, --gen-subset)"
