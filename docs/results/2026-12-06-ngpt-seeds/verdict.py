@@ -5,10 +5,10 @@
 Reads the archived cells (``cells/*/settings.json``, ``budgets/u3000/result.json``, ``curve.json``) of nGPT and
 Pre-LN at lr 4e-3, seeds 2-4, 3,000 updates, from this folder and the two ranking pages' archives, and prints per
 seed the valid nll at 3,000 updates and at Pre-LN's CPU-seconds (3,000 updates at the training CPU-seconds per
-update of Pre-LN's three cells together, ``cost.json``: the processes that trained them, as the ranking reads it;
+update of Pre-LN's three cells together, the study's ``training_cost``, as the ranking reads it;
 each nGPT seed's curve read at the updates its own CPU-seconds per update buy, linear between validations every
 250 updates), then the two readings of the plan with the study's paired 95% t-interval
-(``scripts/residual_studies/ranking.py: paired_difference``) and the verdict by the plan's rule.
+(``scripts/residual_studies/ranking.py``: ``paired_difference``; the curve read by its ``_at``) and the verdict by the plan's rule.
 """
 import glob
 import json
@@ -18,7 +18,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(RESULTS)), "scripts"))
-from residual_studies.ranking import paired_difference  # noqa: E402
+from residual_studies.ranking import _at, paired_difference, training_cost  # noqa: E402
 
 ARCHIVES = [HERE, os.path.join(RESULTS, "2026-12-05-later-schemes-ranking"), os.path.join(RESULTS, "2026-12-04-ranking")]
 SEEDS, LR, UPDATES = (2, 3, 4), 0.004, 3000
@@ -37,14 +37,6 @@ def cells():
     return found
 
 
-def at(curve, updates):
-    """The validation curve ``[[updates, nll], ...]`` read at ``updates`` (linear between validations)."""
-    for (u0, v0), (u1, v1) in zip(curve, curve[1:]):
-        if u0 <= updates <= u1:
-            return v0 + (v1 - v0) * (updates - u0) / (u1 - u0)
-    return curve[-1][1] if updates >= curve[-1][0] else None
-
-
 def main():
     found = cells()
     missing = [f"{s} seed {k}" for s in ("ngpt", "pre_ln") for k in SEEDS if (s, k) not in found]
@@ -52,18 +44,17 @@ def main():
         sys.exit(f"cells not archived yet: {', '.join(missing)}")
     result = {key: json.load(open(os.path.join(f, "budgets", f"u{UPDATES}", "result.json"))) for key, f in found.items()}
     curve = {key: json.load(open(os.path.join(f, "curve.json"))) for key, f in found.items()}
-    cost = {key: json.load(open(os.path.join(f, "cost.json"))) for key, f in found.items()}
-    budget = UPDATES * (sum(cost["pre_ln", k]["train_cpu_s"] for k in SEEDS)
-                        / sum(cost["pre_ln", k]["trained_updates"] for k in SEEDS))
+    cost = {key: training_cost(f, result[key]) for key, f in found.items()}  # (CPU-s, updates they trained)
+    budget = UPDATES * sum(cost["pre_ln", k][0] for k in SEEDS) / sum(cost["pre_ln", k][1] for k in SEEDS)
     final = {key: r["stats"]["valid_nll_loss"] for key, r in result.items()}
     equal = {("pre_ln", k): final["pre_ln", k] for k in SEEDS}
     print(f"Pre-LN's training CPU-seconds for {UPDATES} updates, at the rate of seeds {SEEDS}: {budget:.1f}")
     print("| seed | nGPT | Pre-LN | nGPT - Pre-LN | nGPT's CPU-s per update | nGPT at Pre-LN's CPU-s (updates) | - Pre-LN |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for k in SEEDS:
-        rate = cost["ngpt", k]["train_cpu_s"] / cost["ngpt", k]["trained_updates"]
+        rate = cost["ngpt", k][0] / cost["ngpt", k][1]
         updates = min(budget / rate, UPDATES)
-        equal["ngpt", k] = at(curve["ngpt", k], updates)
+        equal["ngpt", k] = _at(curve["ngpt", k], updates)
         print(f"| {k} | {final['ngpt', k]:.3f} | {final['pre_ln', k]:.3f} | {final['ngpt', k] - final['pre_ln', k]:+.3f} "
               f"| {rate:.3f} | {equal['ngpt', k]:.3f} ({updates:.0f}) | {equal['ngpt', k] - equal['pre_ln', k]:+.3f} |")
     for label, values in (("at 3,000 updates", final), ("at Pre-LN's CPU-seconds", equal)):
